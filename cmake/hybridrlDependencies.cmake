@@ -1,0 +1,58 @@
+# Finds hybridrl's public dependencies and defines hybridrl::deps (an imported INTERFACE target
+# that carries them). Included by the top-level CMakeLists.txt (HYBRIDRL_IN_CONFIG=OFF: a missing
+# dependency is an error) and by the installed hybridrlConfig.cmake (HYBRIDRL_IN_CONFIG=ON:
+# find_dependency, so find_package(hybridrl) fails cleanly and says which one is missing).
+include(CMakeFindDependencyMacro)
+
+macro(_hybridrl_dep name)
+  if(HYBRIDRL_IN_CONFIG)
+    find_dependency(${name} ${ARGN})
+  else()
+    find_package(${name} ${ARGN} REQUIRED)
+  endif()
+endmacro()
+
+_hybridrl_dep(Torch)
+_hybridrl_dep(Eigen3 NO_MODULE)
+_hybridrl_dep(range-v3)
+_hybridrl_dep(nlohmann_json)
+_hybridrl_dep(fmt)
+
+# CUDA and NCCL: enabled only when LibTorch itself is a CUDA build and the toolkit is present.
+set(HYBRIDRL_WITH_CUDA OFF)
+set(HYBRIDRL_WITH_NCCL OFF)
+if(TORCH_CUDA_LIBRARIES)
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    set(HYBRIDRL_WITH_CUDA ON)
+    find_path(HYBRIDRL_NCCL_INCLUDE_DIR nccl.h
+      HINTS ${HYBRIDRL_NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
+      PATH_SUFFIXES include)
+    find_library(HYBRIDRL_NCCL_LIBRARY NAMES nccl libnccl.so.2
+      HINTS ${HYBRIDRL_NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR}
+      PATH_SUFFIXES lib lib64)
+    if(HYBRIDRL_NCCL_INCLUDE_DIR AND HYBRIDRL_NCCL_LIBRARY)
+      set(HYBRIDRL_WITH_NCCL ON)
+    endif()
+  endif()
+endif()
+
+if(NOT TARGET hybridrl::deps)
+  add_library(hybridrl::deps INTERFACE IMPORTED GLOBAL)
+  # TORCH_LIBRARIES is recomputed on every machine, so the installed package stays relocatable.
+  target_link_libraries(hybridrl::deps INTERFACE
+    ${TORCH_LIBRARIES} Eigen3::Eigen range-v3::range-v3 nlohmann_json::nlohmann_json
+    fmt::fmt-header-only)
+  if(HYBRIDRL_WITH_CUDA)
+    target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_CUDA=1)
+    target_link_libraries(hybridrl::deps INTERFACE CUDA::cudart)
+  endif()
+  if(HYBRIDRL_WITH_NCCL)
+    target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_NCCL=1)
+    target_include_directories(hybridrl::deps SYSTEM INTERFACE ${HYBRIDRL_NCCL_INCLUDE_DIR})
+    target_link_libraries(hybridrl::deps INTERFACE ${HYBRIDRL_NCCL_LIBRARY})
+  endif()
+endif()
+if(NOT HYBRIDRL_IN_CONFIG)
+  message(STATUS "hybridrl: LibTorch ${Torch_VERSION}, CUDA ${HYBRIDRL_WITH_CUDA}, NCCL ${HYBRIDRL_WITH_NCCL}")
+endif()

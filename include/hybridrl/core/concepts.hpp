@@ -1,0 +1,121 @@
+#pragma once
+/// \file
+/// One C++20 concept per policy axis, layered from small documented pieces, plus the cross-axis
+/// concept `trainer_config`. Built-in policies assert these right where they are defined; the
+/// Trainer re-checks each piece with its own static_assert so the compiler prints a sentence.
+
+#include <concepts>
+#include <type_traits>
+
+#include "hybridrl/core/loss.hpp"
+#include "hybridrl/core/policy.hpp"
+#include "hybridrl/core/tensor_batch.hpp"
+
+namespace hybridrl {
+
+/// Options types are validated once at construction: `void validate() const` throws hybridrl::Error.
+template <class O>
+concept validatable_options = std::default_initializable<O> && std::copy_constructible<O> &&
+                              requires(const O& o) { o.validate(); };
+
+/// Every policy names its tag, its Options type and a human-readable name.
+template <class P>
+concept named_policy = requires {
+  typename P::tag;
+  typename P::options_type;
+  { P::name } -> std::convertible_to<std::string_view>;
+} && validatable_options<typename P::options_type>;
+
+// ---- Algorithm ---------------------------------------------------------------------------------
+
+/// Compile-time traits of an algorithm: `data_kind` (DataKind), `needs_critic`, `needs_reference`.
+template <class P>
+concept algorithm_traits = named_policy<P> && requires {
+  { P::data_kind } -> std::convertible_to<DataKind>;
+  { P::needs_critic } -> std::convertible_to<bool>;
+  { P::needs_reference } -> std::convertible_to<bool>;
+};
+
+/// True for algorithms that generate their own samples (DataKind::prompts) and so need a Rollout.
+template <class P>
+inline constexpr bool is_online_v = [] {
+  if constexpr (algorithm_traits<P>) {
+    return P::data_kind == DataKind::prompts;
+  } else {
+    return false;
+  }
+}();
+
+/// Hook: `static LossOutput loss(const TensorBatch&, const options_type&, const LossScale&)`,
+/// the actor's (or offline model's) loss on one micro-batch.
+template <class P>
+concept has_loss_hook = requires(const TensorBatch& b, const typename P::options_type& o,
+                                 const LossScale& s) {
+  { P::loss(b, o, s) } -> std::same_as<LossOutput>;
+};
+
+/// Hook (online algorithms): `static void compute_advantages(TensorBatch&, const options_type&)`,
+/// which reads rewards/scores (and values) and writes "advantages" (and "returns").
+template <class P>
+concept has_advantage_hook = requires(TensorBatch& b, const typename P::options_type& o) {
+  { P::compute_advantages(b, o) } -> std::same_as<void>;
+};
+
+/// Hook (algorithms with a critic): `static LossOutput value_loss(const TensorBatch&,
+/// const options_type&, const LossScale&)`.
+template <class P>
+concept has_value_loss_hook = requires(const TensorBatch& b, const typename P::options_type& o,
+                                       const LossScale& s) {
+  { P::value_loss(b, o, s) } -> std::same_as<LossOutput>;
+};
+
+/// An Algorithm policy provides: `tag`, `options_type`, `name`, `data_kind`, `needs_critic`,
+/// `needs_reference`, the `loss` hook; online ones also `compute_advantages`; with a critic also
+/// `value_loss`.
+template <class P>
+concept algorithm_policy = algorithm_traits<P> && has_loss_hook<P> &&
+                           (!is_online_v<P> || has_advantage_hook<P>) &&
+                           (!P::needs_critic || has_value_loss_hook<P>);
+
+// ---- Sharding ----------------------------------------------------------------------------------
+
+/// A Sharding policy provides `tag`, `options_type`, `name` and `rollout_layout` (WeightLayout):
+/// the layout in which it hands updated weights to the Rollout.
+template <class P>
+concept sharding_policy = named_policy<P> && requires {
+  { P::rollout_layout } -> std::convertible_to<WeightLayout>;
+};
+
+// ---- Rollout -----------------------------------------------------------------------------------
+
+/// A Rollout policy provides `tag`, `options_type`, `name` and `accepts_tensor_parallel_weights`
+/// (bool): whether it can generate from weights split over a tensor-parallel group.
+template <class P>
+concept rollout_policy = named_policy<P> && requires {
+  { P::accepts_tensor_parallel_weights } -> std::convertible_to<bool>;
+};
+
+// ---- Loader ------------------------------------------------------------------------------------
+
+/// A Loader policy provides `tag`, `options_type`, `name` and `packs_sequences` (bool): whether
+/// its batches are packed rows (position ids restart per sample) rather than padded rows.
+template <class P>
+concept loader_policy = named_policy<P> && requires {
+  { P::packs_sequences } -> std::convertible_to<bool>;
+};
+
+// ---- cross-axis ----------------------------------------------------------------------------------
+
+/// The cross-axis rules of a Trainer, in one concept (R is NoRollout for the offline form):
+/// each slot holds its own axis; online algorithms have a Rollout and offline ones none; a Sharding
+/// that hands over tensor-parallel weights needs a Rollout that accepts them.
+template <class A, class S, class R, class L>
+concept trainer_config =
+    is_algorithm_v<A> && is_sharding_v<S> && (is_rollout_v<R> || std::same_as<R, NoRollout>) &&
+    is_loader_v<L> && algorithm_policy<A> && sharding_policy<S> && loader_policy<L> &&
+    (std::same_as<R, NoRollout> || rollout_policy<R>) &&
+    (is_online_v<A> == !std::same_as<R, NoRollout>) &&
+    (S::rollout_layout != WeightLayout::tensor_parallel || std::same_as<R, NoRollout> ||
+     R::accepts_tensor_parallel_weights);
+
+}  // namespace hybridrl

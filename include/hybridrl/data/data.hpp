@@ -1,0 +1,6 @@
+#pragma once
+/// \file
+/// Aggregator for the Loader axis and datasets.
+
+#include "hybridrl/data/bucketed.hpp"
+#include "hybridrl/data/packed.hpp"

@@ -1,0 +1,503 @@
+#pragma once
+/// \file
+/// Datasets read from JSONL (one JSON object per line) and tokenised once, ahead of training:
+/// - PromptDataset: `prompt` (string), optional `answer` (string or number), optional
+///   `data_source` (string); every other field is kept in the "extra" column.
+/// - PreferenceDataset (DPO): `prompt`, `chosen`, `rejected` (strings).
+/// - LabelledDataset (KTO): `prompt`, `completion` (strings), `label` (true = desirable).
+/// A malformed line (bad JSON, missing field, wrong type, empty text, too long) throws
+/// hybridrl::Error naming the file and line, or with `OnError::skip` is skipped and counted in
+/// DataStatistics. Nothing is truncated.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <concepts>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <istream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/options.hpp"
+#include "hybridrl/core/policy.hpp"
+#include "hybridrl/model/tokenizer.hpp"
+
+namespace hybridrl {
+
+/// What a dataset does with a malformed line.
+enum class OnError {
+  raise,  ///< throw hybridrl::Error naming file and line (default)
+  skip,   ///< drop the line and count it in DataStatistics
+};
+
+/// Why a line was rejected; also the index into DataStatistics::skipped.
+enum class LineError { bad_json, missing_field, wrong_type, empty_text, too_long };
+
+/// Number of LineError values.
+inline constexpr int kLineErrorCount = 5;
+
+/// Short name of a LineError, as used in statistics and messages ("bad_json", ...).
+[[nodiscard]] inline std::string_view to_string(LineError e) noexcept {
+  switch (e) {
+    case LineError::bad_json: return "bad_json";
+    case LineError::missing_field: return "missing_field";
+    case LineError::wrong_type: return "wrong_type";
+    case LineError::empty_text: return "empty_text";
+    case LineError::too_long: return "too_long";
+  }
+  return "unknown";
+}
+
+/// Counts gathered while reading a dataset; the loader reports them with its own statistics.
+struct DataStatistics {
+  int64_t lines = 0;        ///< lines read, blank ones included
+  int64_t blank_lines = 0;  ///< whitespace-only lines (ignored, not an error)
+  int64_t samples = 0;      ///< samples kept
+  int64_t tokens = 0;       ///< tokens over all kept samples' sequences
+  /// Lines skipped (OnError::skip), by LineError.
+  std::array<int64_t, kLineErrorCount> skipped{};
+  /// The first few skip messages ("file:line: reason"), for the log.
+  std::vector<std::string> first_skips;
+
+  /// Lines skipped for any reason.
+  [[nodiscard]] int64_t skipped_total() const noexcept {
+    int64_t s = 0;
+    for (auto v : skipped) s += v;
+    return s;
+  }
+  /// Lines skipped for `reason`.
+  [[nodiscard]] int64_t skipped_for(LineError reason) const noexcept {
+    return skipped[static_cast<size_t>(reason)];
+  }
+  /// The counts as a JSON object (for metrics logs).
+  [[nodiscard]] nlohmann::json to_json() const {
+    nlohmann::json j{{"lines", lines}, {"blank_lines", blank_lines}, {"samples", samples},
+                     {"tokens", tokens}, {"skipped", skipped_total()}};
+    for (int i = 0; i < kLineErrorCount; ++i) {
+      j[fmt::format("skipped_{}", to_string(static_cast<LineError>(i)))] = skipped[static_cast<size_t>(i)];
+    }
+    return j;
+  }
+};
+
+/// Options shared by every JSONL dataset.
+struct DatasetOptions {
+  /// Longest prompt in tokens (BOS included); longer lines are errors. 0 = no limit.
+  HYBRIDRL_ARG(int64_t, max_prompt_length) = 0;
+  /// Longest full sequence (prompt + completion) in tokens; longer lines are errors. 0 = no limit.
+  HYBRIDRL_ARG(int64_t, max_length) = 0;
+  /// Raise on a malformed line, or skip and count it.
+  HYBRIDRL_ARG(OnError, on_error) = OnError::raise;
+  /// Prepend the tokenizer's BOS to prompts.
+  HYBRIDRL_ARG(bool, add_bos) = true;
+  /// Append the tokenizer's EOS to completions (chosen, rejected, completion).
+  HYBRIDRL_ARG(bool, add_eos) = true;
+  /// `data_source` for lines without one; empty = the file's stem.
+  HYBRIDRL_ARG(std::string, default_data_source) = "";
+
+  /// Throws hybridrl::Error for an impossible value.
+  void validate() const {
+    HYBRIDRL_CHECK(max_prompt_length_ >= 0,
+                   fmt::format("dataset.max_prompt_length = {} is negative", max_prompt_length_),
+                   "use 0 (no limit) or a positive token count");
+    HYBRIDRL_CHECK(max_length_ >= 0, fmt::format("dataset.max_length = {} is negative", max_length_),
+                   "use 0 (no limit) or a positive token count");
+    HYBRIDRL_CHECK(max_length_ == 0 || max_prompt_length_ == 0 || max_prompt_length_ <= max_length_,
+                   fmt::format("dataset.max_prompt_length = {} exceeds dataset.max_length = {}",
+                               max_prompt_length_, max_length_),
+                   "make max_length at least max_prompt_length");
+  }
+};
+
+/// A prompt for online algorithms (PPO, GRPO).
+struct PromptSample {
+  std::vector<int64_t> prompt_ids;  ///< tokenised prompt
+  nlohmann::json record;            ///< the line's JSON object, as read
+  std::string uid;                  ///< "uid"/"id" field, or "<source>:<line>"
+  std::string data_source;          ///< `data_source`, or the default
+};
+
+/// A DPO preference pair.
+struct PreferenceSample {
+  std::vector<int64_t> chosen_ids;    ///< prompt + chosen (+ EOS)
+  std::vector<int64_t> rejected_ids;  ///< prompt + rejected (+ EOS)
+  int64_t prompt_length = 0;          ///< shared prompt tokens at the start of both
+  nlohmann::json record;
+  std::string uid;
+  std::string data_source;
+};
+
+/// A KTO labelled completion.
+struct LabelledSample {
+  std::vector<int64_t> prompt_ids;      ///< tokenised prompt
+  std::vector<int64_t> completion_ids;  ///< tokenised completion (+ EOS), no prompt
+  std::vector<int64_t> ids;             ///< prompt + completion
+  bool label = false;                   ///< true = desirable
+  nlohmann::json record;
+  std::string uid;
+  std::string data_source;
+};
+
+namespace detail {
+
+/// Reads JSONL lines and turns them into samples; `Parse(json, source, line, SampleSink)` either
+/// returns a sample or throws LineFailure.
+struct LineFailure {
+  LineError reason;
+  std::string message;
+};
+
+inline std::string stem_of(const std::string& source) {
+  return std::filesystem::path(source).stem().string();
+}
+
+/// Requires `key` in `obj` as a string; empty (or whitespace-only) strings are `empty_text`.
+inline const std::string& require_text(const nlohmann::json& obj, const char* key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) {
+    throw LineFailure{LineError::missing_field, fmt::format("missing field \"{}\"", key)};
+  }
+  if (!it->is_string()) {
+    throw LineFailure{LineError::wrong_type,
+                      fmt::format("field \"{}\" is {}, expected a string", key, it->type_name())};
+  }
+  const auto& s = it->get_ref<const std::string&>();
+  if (std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c) != 0; })) {
+    throw LineFailure{LineError::empty_text, fmt::format("field \"{}\" is empty", key)};
+  }
+  return s;
+}
+
+inline std::string optional_string(const nlohmann::json& obj, const char* key,
+                                   const std::string& fallback) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string()) {
+    throw LineFailure{LineError::wrong_type,
+                      fmt::format("field \"{}\" is {}, expected a string", key, it->type_name())};
+  }
+  return it->get<std::string>();
+}
+
+inline std::string uid_of(const nlohmann::json& obj, const std::string& source, int64_t line) {
+  for (const char* key : {"uid", "id"}) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) continue;
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
+    throw LineFailure{LineError::wrong_type,
+                      fmt::format("field \"{}\" is {}, expected a string or integer", key,
+                                  it->type_name())};
+  }
+  return fmt::format("{}:{}", stem_of(source), line);
+}
+
+inline void check_length(int64_t n, int64_t limit, const char* what, const char* option) {
+  if (limit > 0 && n > limit) {
+    throw LineFailure{LineError::too_long,
+                      fmt::format("{} is {} tokens, longer than {} = {}", what, n, option, limit)};
+  }
+}
+
+/// Drives the per-line parser over a stream with the raise/skip policy and statistics.
+template <class Sample, class Parse>
+std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
+                               const DatasetOptions& options, DataStatistics& stats, Parse&& parse) {
+  options.validate();
+  std::vector<Sample> out;
+  std::string text;
+  int64_t line = 0;
+  while (std::getline(in, text)) {
+    ++line;
+    ++stats.lines;
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    if (std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c) != 0; })) {
+      ++stats.blank_lines;
+      continue;
+    }
+    try {
+      nlohmann::json obj;
+      try {
+        obj = nlohmann::json::parse(text);
+      } catch (const nlohmann::json::parse_error& e) {
+        throw LineFailure{LineError::bad_json, fmt::format("bad JSON ({})", e.what())};
+      }
+      if (!obj.is_object()) {
+        throw LineFailure{LineError::wrong_type,
+                          fmt::format("the line is a JSON {}, expected an object", obj.type_name())};
+      }
+      out.push_back(parse(std::move(obj), line));
+      ++stats.samples;
+    } catch (const LineFailure& f) {
+      const auto where = fmt::format("{}:{}: {} ({})", source, line, f.message, to_string(f.reason));
+      if (options.on_error() == OnError::raise) {
+        throw Error(where, f.reason == LineError::too_long
+                               ? "raise the dataset's max_length / max_prompt_length, drop the "
+                                 "line, or set on_error(OnError::skip) to skip and count such lines"
+                               : "fix or delete the line, or set on_error(OnError::skip) to skip "
+                                 "and count malformed lines");
+      }
+      ++stats.skipped[static_cast<size_t>(f.reason)];
+      if (stats.first_skips.size() < 16) stats.first_skips.push_back(where);
+    }
+  }
+  return out;
+}
+
+inline std::ifstream open_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  HYBRIDRL_CHECK(in.good(), fmt::format("cannot open dataset file '{}'", path),
+                 "check the path (relative paths are taken from the working directory)");
+  return in;
+}
+
+inline std::vector<int64_t> completion_tokens(const auto& tok, const std::string& text,
+                                              const DatasetOptions& o) {
+  auto ids = tok.encode(text, false);
+  if (o.add_eos() && tok.eos_id() >= 0) ids.push_back(tok.eos_id());
+  return ids;
+}
+
+}  // namespace detail
+
+/// Prompts for online algorithms (PPO, GRPO). One unit = one prompt.
+class PromptDataset {
+ public:
+  using sample_type = PromptSample;
+  /// What an Algorithm trains on with this dataset.
+  static constexpr DataKind data_kind = DataKind::prompts;
+
+  /// Reads `path` (JSONL) and tokenises every prompt once.
+  template <tokenizer Tok>
+  [[nodiscard]] static PromptDataset from_jsonl(const std::string& path, const Tok& tok,
+                                                const DatasetOptions& options = {}) {
+    auto in = detail::open_jsonl(path);
+    return from_stream(in, path, tok, options);
+  }
+
+  /// Reads JSONL from `in`; `source` names it in messages (a path, or "<memory>").
+  template <tokenizer Tok>
+  [[nodiscard]] static PromptDataset from_stream(std::istream& in, const std::string& source,
+                                                 const Tok& tok, const DatasetOptions& options = {}) {
+    PromptDataset d;
+    d.pad_id_ = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+    const auto fallback_source =
+        options.default_data_source().empty() ? detail::stem_of(source) : options.default_data_source();
+    d.samples_ = detail::read_jsonl<PromptSample>(
+        in, source, options, d.stats_, [&](nlohmann::json obj, int64_t line) {
+          PromptSample s;
+          const auto& prompt = detail::require_text(obj, "prompt");
+          if (auto it = obj.find("answer"); it != obj.end() && !it->is_null() && !it->is_string() &&
+                                            !it->is_number()) {
+            throw detail::LineFailure{
+                LineError::wrong_type,
+                fmt::format("field \"answer\" is {}, expected a string or number", it->type_name())};
+          }
+          s.data_source = detail::optional_string(obj, "data_source", fallback_source);
+          s.uid = detail::uid_of(obj, source, line);
+          s.prompt_ids = tok.encode(prompt, options.add_bos());
+          detail::check_length(static_cast<int64_t>(s.prompt_ids.size()), options.max_prompt_length(),
+                               "the prompt", "max_prompt_length");
+          detail::check_length(static_cast<int64_t>(s.prompt_ids.size()), options.max_length(),
+                               "the prompt", "max_length");
+          s.record = std::move(obj);
+          return s;
+        });
+    for (const auto& s : d.samples_) d.stats_.tokens += static_cast<int64_t>(s.prompt_ids.size());
+    return d;
+  }
+
+  /// Number of units (prompts).
+  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
+  [[nodiscard]] const PromptSample& operator[](int64_t i) const { return samples_.at(static_cast<size_t>(i)); }
+  /// Sequences per unit (1: the prompt).
+  static constexpr int64_t sequences_per_unit = 1;
+  /// Longest sequence of unit `i` in tokens (what padding is sized by).
+  [[nodiscard]] int64_t unit_length(int64_t i) const {
+    return static_cast<int64_t>((*this)[i].prompt_ids.size());
+  }
+  /// The token id used for padding (the tokenizer's PAD, else EOS).
+  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
+  /// Counts gathered while reading (skipped lines by reason, tokens, ...).
+  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
+
+ private:
+  std::vector<PromptSample> samples_;
+  DataStatistics stats_;
+  int64_t pad_id_ = 0;
+};
+
+/// DPO preference pairs. One unit = one pair (chosen and rejected always travel together).
+class PreferenceDataset {
+ public:
+  using sample_type = PreferenceSample;
+  static constexpr DataKind data_kind = DataKind::preference_pairs;
+  static constexpr int64_t sequences_per_unit = 2;
+
+  /// Reads `path` (JSONL with prompt, chosen, rejected) and tokenises once.
+  template <tokenizer Tok>
+  [[nodiscard]] static PreferenceDataset from_jsonl(const std::string& path, const Tok& tok,
+                                                    const DatasetOptions& options = {}) {
+    auto in = detail::open_jsonl(path);
+    return from_stream(in, path, tok, options);
+  }
+
+  /// Reads JSONL from `in`; `source` names it in messages.
+  template <tokenizer Tok>
+  [[nodiscard]] static PreferenceDataset from_stream(std::istream& in, const std::string& source,
+                                                     const Tok& tok,
+                                                     const DatasetOptions& options = {}) {
+    PreferenceDataset d;
+    d.pad_id_ = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+    const auto fallback_source =
+        options.default_data_source().empty() ? detail::stem_of(source) : options.default_data_source();
+    d.samples_ = detail::read_jsonl<PreferenceSample>(
+        in, source, options, d.stats_, [&](nlohmann::json obj, int64_t line) {
+          PreferenceSample s;
+          const auto& prompt = detail::require_text(obj, "prompt");
+          const auto& chosen = detail::require_text(obj, "chosen");
+          const auto& rejected = detail::require_text(obj, "rejected");
+          s.data_source = detail::optional_string(obj, "data_source", fallback_source);
+          s.uid = detail::uid_of(obj, source, line);
+          auto p = tok.encode(prompt, options.add_bos());
+          s.prompt_length = static_cast<int64_t>(p.size());
+          detail::check_length(s.prompt_length, options.max_prompt_length(), "the prompt",
+                               "max_prompt_length");
+          s.chosen_ids = p;
+          auto c = detail::completion_tokens(tok, chosen, options);
+          s.chosen_ids.insert(s.chosen_ids.end(), c.begin(), c.end());
+          s.rejected_ids = std::move(p);
+          auto r = detail::completion_tokens(tok, rejected, options);
+          s.rejected_ids.insert(s.rejected_ids.end(), r.begin(), r.end());
+          detail::check_length(static_cast<int64_t>(s.chosen_ids.size()), options.max_length(),
+                               "prompt + chosen", "max_length");
+          detail::check_length(static_cast<int64_t>(s.rejected_ids.size()), options.max_length(),
+                               "prompt + rejected", "max_length");
+          s.record = std::move(obj);
+          return s;
+        });
+    for (const auto& s : d.samples_) {
+      d.stats_.tokens += static_cast<int64_t>(s.chosen_ids.size() + s.rejected_ids.size());
+    }
+    return d;
+  }
+
+  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
+  [[nodiscard]] const PreferenceSample& operator[](int64_t i) const {
+    return samples_.at(static_cast<size_t>(i));
+  }
+  /// Longest of the pair's two sequences.
+  [[nodiscard]] int64_t unit_length(int64_t i) const {
+    const auto& s = (*this)[i];
+    return static_cast<int64_t>(std::max(s.chosen_ids.size(), s.rejected_ids.size()));
+  }
+  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
+  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
+
+ private:
+  std::vector<PreferenceSample> samples_;
+  DataStatistics stats_;
+  int64_t pad_id_ = 0;
+};
+
+/// KTO labelled completions. One unit = one completion; the loader adds, inside the same batch,
+/// the mismatched pair (prompt i, completion of the next sample) KTO uses for its KL estimate.
+class LabelledDataset {
+ public:
+  using sample_type = LabelledSample;
+  static constexpr DataKind data_kind = DataKind::labelled_completions;
+  /// The matched sequence and its mismatched (KL) partner.
+  static constexpr int64_t sequences_per_unit = 2;
+
+  /// Reads `path` (JSONL with prompt, completion, label) and tokenises once.
+  template <tokenizer Tok>
+  [[nodiscard]] static LabelledDataset from_jsonl(const std::string& path, const Tok& tok,
+                                                  const DatasetOptions& options = {}) {
+    auto in = detail::open_jsonl(path);
+    return from_stream(in, path, tok, options);
+  }
+
+  /// Reads JSONL from `in`; `source` names it in messages.
+  template <tokenizer Tok>
+  [[nodiscard]] static LabelledDataset from_stream(std::istream& in, const std::string& source,
+                                                   const Tok& tok,
+                                                   const DatasetOptions& options = {}) {
+    LabelledDataset d;
+    d.pad_id_ = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+    const auto fallback_source =
+        options.default_data_source().empty() ? detail::stem_of(source) : options.default_data_source();
+    d.samples_ = detail::read_jsonl<LabelledSample>(
+        in, source, options, d.stats_, [&](nlohmann::json obj, int64_t line) {
+          LabelledSample s;
+          const auto& prompt = detail::require_text(obj, "prompt");
+          const auto& completion = detail::require_text(obj, "completion");
+          auto it = obj.find("label");
+          if (it == obj.end()) {
+            throw detail::LineFailure{LineError::missing_field, "missing field \"label\""};
+          }
+          if (!it->is_boolean()) {
+            throw detail::LineFailure{
+                LineError::wrong_type,
+                fmt::format("field \"label\" is {}, expected true or false", it->type_name())};
+          }
+          s.label = it->get<bool>();
+          s.data_source = detail::optional_string(obj, "data_source", fallback_source);
+          s.uid = detail::uid_of(obj, source, line);
+          s.prompt_ids = tok.encode(prompt, options.add_bos());
+          detail::check_length(static_cast<int64_t>(s.prompt_ids.size()),
+                               options.max_prompt_length(), "the prompt", "max_prompt_length");
+          s.completion_ids = detail::completion_tokens(tok, completion, options);
+          s.ids = s.prompt_ids;
+          s.ids.insert(s.ids.end(), s.completion_ids.begin(), s.completion_ids.end());
+          detail::check_length(static_cast<int64_t>(s.ids.size()), options.max_length(),
+                               "prompt + completion", "max_length");
+          s.record = std::move(obj);
+          return s;
+        });
+    for (const auto& s : d.samples_) d.stats_.tokens += static_cast<int64_t>(s.ids.size());
+    return d;
+  }
+
+  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
+  [[nodiscard]] const LabelledSample& operator[](int64_t i) const {
+    return samples_.at(static_cast<size_t>(i));
+  }
+  /// Length of the matched sequence (prompt + completion).
+  [[nodiscard]] int64_t unit_length(int64_t i) const {
+    return static_cast<int64_t>((*this)[i].ids.size());
+  }
+  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
+  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
+
+ private:
+  std::vector<LabelledSample> samples_;
+  DataStatistics stats_;
+  int64_t pad_id_ = 0;
+};
+
+/// What a loader needs from a dataset: units with known lengths, a pad id, statistics and a
+/// data kind. PromptDataset, PreferenceDataset and LabelledDataset model it.
+template <class D>
+concept dataset = requires(const D& d, int64_t i) {
+  { d.size() } -> std::convertible_to<int64_t>;
+  { d.unit_length(i) } -> std::convertible_to<int64_t>;
+  { d.pad_id() } -> std::convertible_to<int64_t>;
+  { d.statistics() } -> std::convertible_to<const DataStatistics&>;
+  { D::data_kind } -> std::convertible_to<DataKind>;
+  { D::sequences_per_unit } -> std::convertible_to<int64_t>;
+};
+static_assert(dataset<PromptDataset>);
+static_assert(dataset<PreferenceDataset>);
+static_assert(dataset<LabelledDataset>);
+
+}  // namespace hybridrl

@@ -1,0 +1,7 @@
+#pragma once
+/// \file
+/// Aggregator for the Rollout axis.
+
+#include "hybridrl/rollout/naive.hpp"
+#include "hybridrl/rollout/paged.hpp"
+#include "hybridrl/rollout/sampling.hpp"

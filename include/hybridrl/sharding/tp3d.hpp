@@ -1,0 +1,65 @@
+#pragma once
+/// \file
+/// `Sharding<TP3D>`: a data × tensor (× pipeline) mesh. Linear layers are column/row parallel, the
+/// embedding and the loss vocabulary-parallel. Weights reach the rollout still split along the
+/// tensor axis (WeightLayout::tensor_parallel), so the Rollout must accept them (Rollout<Paged>).
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "hybridrl/core/concepts.hpp"
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/options.hpp"
+
+namespace hybridrl {
+
+/// Run-time options of Sharding<TP3D>: the mesh. data × tensor × pipeline must equal world_size
+/// (checked when the world size is known); data = -1 means "whatever is left".
+struct TP3DOptions {
+  HYBRIDRL_ARG(int64_t, data_parallel_size) = -1;
+  HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
+  HYBRIDRL_ARG(int64_t, pipeline_parallel_size) = 1;
+  /// Split the sequence dimension of norms/dropouts over the tensor group (Megatron SP).
+  HYBRIDRL_ARG(bool, sequence_parallel) = false;
+
+  /// Throws hybridrl::Error for an impossible mesh.
+  void validate() const {
+    HYBRIDRL_CHECK(tensor_parallel_size_ >= 1 && pipeline_parallel_size_ >= 1 &&
+                       (data_parallel_size_ == -1 || data_parallel_size_ >= 1),
+                   fmt::format("tp3d mesh data={} tensor={} pipeline={} has a size below 1",
+                               data_parallel_size_, tensor_parallel_size_, pipeline_parallel_size_),
+                   "use sizes >= 1 (data may be -1 to take the remaining ranks)");
+  }
+
+  /// The data-parallel size on `world_size` ranks; throws when the mesh does not tile the world.
+  [[nodiscard]] int64_t resolve_data_parallel(int64_t world_size) const {
+    const int64_t model = tensor_parallel_size_ * pipeline_parallel_size_;
+    HYBRIDRL_CHECK(world_size % model == 0,
+                   fmt::format("tp3d: tensor × pipeline = {} × {} = {} does not divide world_size {} "
+                               "({} % {} = {})",
+                               tensor_parallel_size_, pipeline_parallel_size_, model, world_size,
+                               world_size, model, world_size % model),
+                   "choose tensor and pipeline sizes whose product divides the number of GPUs");
+    const int64_t dp = world_size / model;
+    HYBRIDRL_CHECK(data_parallel_size_ == -1 || data_parallel_size_ == dp,
+                   fmt::format("tp3d: data × tensor × pipeline = {} × {} × {} = {} but world_size is "
+                               "{}",
+                               data_parallel_size_, tensor_parallel_size_, pipeline_parallel_size_,
+                               data_parallel_size_ * model, world_size),
+                   fmt::format("set data_parallel_size to {} or -1", dp));
+    return dp;
+  }
+};
+
+/// Data × tensor (× pipeline) parallelism.
+template <>
+struct Sharding<TP3D> {
+  using tag = TP3D;
+  using options_type = TP3DOptions;
+  static constexpr std::string_view name = "TP3D";
+  static constexpr WeightLayout rollout_layout = WeightLayout::tensor_parallel;
+};
+static_assert(sharding_policy<Sharding<TP3D>>);
+
+}  // namespace hybridrl
