@@ -17,6 +17,20 @@ _hybridrl_dep(Eigen3 NO_MODULE)
 _hybridrl_dep(range-v3)
 _hybridrl_dep(nlohmann_json)
 _hybridrl_dep(fmt)
+# sentencepiece (model/sentencepiece_tokenizer.hpp): Debian ships it with pkg-config only.
+_hybridrl_dep(PkgConfig)
+if(NOT TARGET PkgConfig::sentencepiece)
+  if(HYBRIDRL_IN_CONFIG)
+    pkg_check_modules(sentencepiece QUIET IMPORTED_TARGET GLOBAL sentencepiece)
+    if(NOT sentencepiece_FOUND)
+      set(${CMAKE_FIND_PACKAGE_NAME}_NOT_FOUND_MESSAGE "hybridrl needs sentencepiece (pkg-config sentencepiece)")
+      set(${CMAKE_FIND_PACKAGE_NAME}_FOUND FALSE)
+      return()
+    endif()
+  else()
+    pkg_check_modules(sentencepiece REQUIRED IMPORTED_TARGET GLOBAL sentencepiece)
+  endif()
+endif()
 
 # CUDA and NCCL: enabled only when LibTorch itself is a CUDA build and the toolkit is present.
 set(HYBRIDRL_WITH_CUDA OFF)
@@ -42,7 +56,10 @@ if(NOT TARGET hybridrl::deps)
   # TORCH_LIBRARIES is recomputed on every machine, so the installed package stays relocatable.
   target_link_libraries(hybridrl::deps INTERFACE
     ${TORCH_LIBRARIES} Eigen3::Eigen range-v3::range-v3 nlohmann_json::nlohmann_json
-    fmt::fmt-header-only)
+    fmt::fmt-header-only ${CMAKE_DL_LIBS})
+  # sentencepiece: headers only; the library is dlopen()ed in isolation at run time, because
+  # Debian's copy exports a protobuf that clashes with LibTorch's (detail/sentencepiece_library.hpp).
+  target_include_directories(hybridrl::deps SYSTEM INTERFACE ${sentencepiece_INCLUDE_DIRS})
   if(HYBRIDRL_WITH_CUDA)
     target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_CUDA=1)
     target_link_libraries(hybridrl::deps INTERFACE CUDA::cudart)

@@ -28,7 +28,7 @@ TEST_SUITE("core/collective") {
   TEST_CASE("all_gather concatenates uneven batches in rank order on every rank") {
     constexpr int world = 3;
     std::vector<TensorBatch> results(world);
-    hybridrl::testing::run_ranks(world, [&](int rank, c10d::ProcessGroupGloo& group) {
+    hybridrl::testing::run_ranks(world, [&](int rank, hybridrl::testing::TestGroup& group) {
       results[static_cast<size_t>(rank)] = hybridrl::all_gather(rank_batch(rank), group);
     });
     const std::vector<int64_t> expected_x{0, 100, 101, 200, 201, 202};
@@ -49,7 +49,7 @@ TEST_SUITE("core/collective") {
 
   TEST_CASE("a rank with no samples still takes part") {
     std::vector<TensorBatch> results(2);
-    hybridrl::testing::run_ranks(2, [&](int rank, c10d::ProcessGroupGloo& group) {
+    hybridrl::testing::run_ranks(2, [&](int rank, hybridrl::testing::TestGroup& group) {
       auto b = rank_batch(1);
       if (rank == 0) b = b.slice(0, 0);
       results[static_cast<size_t>(rank)] = hybridrl::all_gather(b, group);
@@ -60,7 +60,7 @@ TEST_SUITE("core/collective") {
 
   TEST_CASE("mismatched schemas fail on every rank with the same error, without hanging") {
     std::vector<std::string> errors(2);
-    hybridrl::testing::run_ranks(2, [&](int rank, c10d::ProcessGroupGloo& group) {
+    hybridrl::testing::run_ranks(2, [&](int rank, hybridrl::testing::TestGroup& group) {
       auto b = rank_batch(rank);
       if (rank == 1) b.set("x", b.tensor("x").to(at::kFloat));
       try {
@@ -75,3 +75,40 @@ TEST_SUITE("core/collective") {
     }
   }
 }
+
+#if defined(HYBRIDRL_WITH_NCCL) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>)
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <torch/cuda.h>
+
+#include <thread>
+
+TEST_SUITE("core/collective") {
+  TEST_CASE("all_gather over NCCL: one rank per CUDA device, tensors stay on the GPU") {
+    const int world = static_cast<int>(torch::cuda::device_count());
+    REQUIRE(world >= 1);
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<TensorBatch> results(static_cast<size_t>(world));
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        c10d::ProcessGroupNCCL group(store, rank, world);
+        auto b = rank_batch(rank).to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank)));
+        results[static_cast<size_t>(rank)] = hybridrl::all_gather(b, group);
+      });
+    }
+    for (auto& t : threads) t.join();
+    int64_t expected = 0;
+    for (int r = 0; r < world; ++r) expected += r + 1;
+    for (int r = 0; r < world; ++r) {
+      const auto& b = results[static_cast<size_t>(r)];
+      CHECK(b.size() == expected);
+      CHECK(b.tensor("x").is_cuda());
+      CHECK((b.tensor("h").scalar_type() == at::kBFloat16));
+      CHECK(b.tensor("h").select(1, 0).to(at::kLong).equal(b.tensor("x")));
+      CHECK(b.tensor("flag").cpu().equal(b.tensor("x").cpu().remainder(2).to(at::kBool)));
+      CHECK(b.column("id")[0].get<std::string>() == "r0-0");
+    }
+  }
+}
+#endif

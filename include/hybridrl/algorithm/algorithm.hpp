@@ -2,5 +2,14 @@
 /// \file
 /// Aggregator for the Algorithm axis: the math (advantages, KL, loss aggregation, losses) and the
 /// built-in policies Algorithm<PPO>, Algorithm<GRPO>, Algorithm<DPO>, Algorithm<KTO>.
+/// Every formula and its source in verl / TRL: docs/algorithms.md.
 
 #include "hybridrl/core/concepts.hpp"
+
+#include "hybridrl/algorithm/advantages.hpp"
+#include "hybridrl/algorithm/aggregate.hpp"
+#include "hybridrl/algorithm/dpo.hpp"
+#include "hybridrl/algorithm/grpo.hpp"
+#include "hybridrl/algorithm/kl.hpp"
+#include "hybridrl/algorithm/kto.hpp"
+#include "hybridrl/algorithm/ppo.hpp"

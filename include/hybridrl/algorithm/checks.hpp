@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // formats at::IntArrayRef (tensor shapes)
 
 #include <cmath>
 #include <cstdint>

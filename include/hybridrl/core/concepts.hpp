@@ -98,11 +98,29 @@ concept rollout_policy = named_policy<P> && requires {
 // ---- Loader ------------------------------------------------------------------------------------
 
 /// A Loader policy provides `tag`, `options_type`, `name` and `packs_sequences` (bool): whether
-/// its batches are packed rows (position ids restart per sample) rather than padded rows.
+/// its batches are packed rows (position ids restart per sample) rather than padded rows; and the
+/// hooks the shared loader object (data/loader.hpp) calls:
+/// - `static std::vector<std::vector<int64_t>> plan_epoch(const std::vector<int64_t>& unit_lengths,
+///   int64_t sequences_per_unit, const options_type&, int64_t epoch)`: the unit indices of each
+///   batch of an epoch, deterministic in its arguments (the seed is in the options);
+/// - `static void check_data(int64_t longest_sequence, int64_t sequences_per_unit, DataKind,
+///   const options_type&)`: throws hybridrl::Error when the options cannot hold the data;
+/// - `template <dataset D> static TensorBatch collate(const D&, std::span<const int64_t> units,
+///   const options_type&)` and `make(dataset, options, resume_state)` (templates, so checked
+///   where they are used). The options must also have `seed()`, `epochs()`, `batch_size()`,
+///   `drop_last()`, `prefetch_factor()` and `pin_memory()`.
 template <class P>
-concept loader_policy = named_policy<P> && requires {
-  { P::packs_sequences } -> std::convertible_to<bool>;
-};
+concept loader_policy =
+    named_policy<P> &&
+    requires(const std::vector<int64_t>& lengths, const typename P::options_type& o) {
+      { P::packs_sequences } -> std::convertible_to<bool>;
+      { P::plan_epoch(lengths, int64_t{1}, o, int64_t{0}) } ->
+          std::same_as<std::vector<std::vector<int64_t>>>;
+      P::check_data(int64_t{1}, int64_t{1}, DataKind::prompts, o);
+      { o.seed() } -> std::convertible_to<uint64_t>;
+      { o.epochs() } -> std::convertible_to<int64_t>;
+      { o.prefetch_factor() } -> std::convertible_to<int64_t>;
+    };
 
 // ---- cross-axis ----------------------------------------------------------------------------------
 

@@ -194,7 +194,8 @@ template <class D>
   const int64_t rows = plan.rows();
   int64_t max_segments = 0;
   for (int64_t r = 0; r < rows; ++r) max_segments = std::max<int64_t>(max_segments, static_cast<int64_t>(plan.row(r).size()));
-  auto ids = at::full({rows, row_length}, d.pad_id(), at::kLong);
+  const int64_t pad_id = d.pad_id();
+  at::Tensor ids = at::full({rows, row_length}, pad_id, at::kLong);
   auto mask = at::zeros({rows, row_length}, at::kLong);
   auto pos = at::zeros({rows, row_length}, at::kLong);
   auto loss = at::zeros({rows, row_length}, at::kLong);

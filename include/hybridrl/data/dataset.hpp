@@ -326,6 +326,12 @@ class PromptDataset {
   [[nodiscard]] int64_t unit_length(int64_t i) const {
     return static_cast<int64_t>((*this)[i].prompt_ids.size());
   }
+  /// Longest sequence any batch can contain (the longest prompt).
+  [[nodiscard]] int64_t longest_sequence() const {
+    int64_t m = 0;
+    for (int64_t i = 0; i < size(); ++i) m = std::max(m, unit_length(i));
+    return m;
+  }
   /// The token id used for padding (the tokenizer's PAD, else EOS).
   [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
   /// Counts gathered while reading (skipped lines by reason, tokens, ...).
@@ -400,6 +406,12 @@ class PreferenceDataset {
   [[nodiscard]] int64_t unit_length(int64_t i) const {
     const auto& s = (*this)[i];
     return static_cast<int64_t>(std::max(s.chosen_ids.size(), s.rejected_ids.size()));
+  }
+  /// Longest sequence any batch can contain (the longest chosen or rejected sequence).
+  [[nodiscard]] int64_t longest_sequence() const {
+    int64_t m = 0;
+    for (int64_t i = 0; i < size(); ++i) m = std::max(m, unit_length(i));
+    return m;
   }
   [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
   [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
@@ -476,6 +488,16 @@ class LabelledDataset {
   [[nodiscard]] int64_t unit_length(int64_t i) const {
     return static_cast<int64_t>((*this)[i].ids.size());
   }
+  /// Longest sequence any batch can contain: a mismatched (KL) pair may join the longest prompt
+  /// with the longest completion, so this is their sum.
+  [[nodiscard]] int64_t longest_sequence() const {
+    int64_t p = 0, c = 0;
+    for (const auto& s : samples_) {
+      p = std::max(p, static_cast<int64_t>(s.prompt_ids.size()));
+      c = std::max(c, static_cast<int64_t>(s.completion_ids.size()));
+    }
+    return p + c;
+  }
   [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
   [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
 
@@ -491,6 +513,7 @@ template <class D>
 concept dataset = requires(const D& d, int64_t i) {
   { d.size() } -> std::convertible_to<int64_t>;
   { d.unit_length(i) } -> std::convertible_to<int64_t>;
+  { d.longest_sequence() } -> std::convertible_to<int64_t>;
   { d.pad_id() } -> std::convertible_to<int64_t>;
   { d.statistics() } -> std::convertible_to<const DataStatistics&>;
   { D::data_kind } -> std::convertible_to<DataKind>;

@@ -1,28 +1,49 @@
 #pragma once
 /// \file
-/// `Loader<Packed>`: packs samples into rows of a fixed token length, position ids restarting at
-/// each sample and no attention across samples.
+/// `Loader<Packed>`: packs the sequences of each batch into rows of a fixed token length, position
+/// ids restarting at each sequence and no attention across sequences (cu_seqlens, segment_ids).
+/// Prompt datasets are yielded as padded prompt batches (generation needs them so); the packing of
+/// generated sequences for the update is collate_packed / pack_rows.
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
 
 #include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/data/collate.hpp"
+#include "hybridrl/data/dataset.hpp"
+#include "hybridrl/data/loader.hpp"
+#include "hybridrl/data/planning.hpp"
 
 namespace hybridrl {
 
 /// Run-time options of Loader<Packed>.
 struct PackedOptions {
-  /// Samples per batch before packing (prompts for online algorithms, pairs for DPO).
+  /// Units per batch before packing (prompts for online algorithms, pairs for DPO).
   HYBRIDRL_ARG(int64_t, batch_size) = 8;
-  /// Tokens per packed row.
+  /// Tokens per packed row; must be at least the longest sequence.
   HYBRIDRL_ARG(int64_t, row_length) = 4096;
+  /// Shuffle unit order each epoch, seeded by (seed, epoch).
   HYBRIDRL_ARG(bool, shuffle) = true;
   HYBRIDRL_ARG(uint64_t, seed) = 0;
-  /// Batches prepared ahead by the background thread.
+  /// Drop the final short batch of an epoch.
+  HYBRIDRL_ARG(bool, drop_last) = false;
+  /// Epochs before next() returns std::nullopt; 0 = endless.
+  HYBRIDRL_ARG(int64_t, epochs) = 1;
+  /// Batches prepared ahead by the background thread; 0 = build on the caller's thread.
   HYBRIDRL_ARG(int64_t, prefetch_factor) = 2;
+  /// Page-lock batch tensors for fast host-to-GPU copies (only when CUDA is available).
+  HYBRIDRL_ARG(bool, pin_memory) = true;
+  /// Padding side of prompt batches (prompts are not packed).
+  HYBRIDRL_ARG(PaddingSide, prompt_padding) = PaddingSide::left;
 
   /// Throws hybridrl::Error for an impossible value.
   void validate() const {
@@ -30,19 +51,73 @@ struct PackedOptions {
                    "use a positive batch size");
     HYBRIDRL_CHECK(row_length_ >= 1, fmt::format("loader.row_length = {} is below 1", row_length_),
                    "use a row length at least as long as the longest sample");
+    HYBRIDRL_CHECK(epochs_ >= 0, fmt::format("loader.epochs = {} is negative", epochs_),
+                   "use 0 (endless) or a positive number of epochs");
     HYBRIDRL_CHECK(prefetch_factor_ >= 0,
                    fmt::format("loader.prefetch_factor = {} is negative", prefetch_factor_),
                    "use 0 (no background thread) or a small positive depth such as 2");
   }
 };
 
-/// Sequence packing into fixed-length rows.
+/// Sequence packing into fixed-length rows. Hooks as Loader<Bucketed>.
 template <>
 struct Loader<Packed> {
   using tag = Packed;
   using options_type = PackedOptions;
   static constexpr std::string_view name = "Packed";
   static constexpr bool packs_sequences = true;
+
+  /// Unit indices of every batch of `epoch`: the shuffled order cut into batch_size units.
+  [[nodiscard]] static std::vector<std::vector<int64_t>> plan_epoch(
+      const std::vector<int64_t>& unit_lengths, [[maybe_unused]] int64_t sequences_per_unit,
+      const options_type& o, int64_t epoch) {
+    BucketPlanOptions p;
+    p.batch_size = o.batch_size();
+    p.shuffle = o.shuffle();
+    p.drop_last = o.drop_last();
+    p.window_batches = 1;  // no length sorting beyond a batch: packing absorbs the variation
+    auto batches = bucket_batches(unit_lengths, p, detail::epoch_seed(o.seed(), epoch));
+    for (auto& b : batches) std::sort(b.begin(), b.end());
+    return batches;
+  }
+
+  /// Throws when a row cannot hold the longest sequence.
+  static void check_data(int64_t longest_sequence, [[maybe_unused]] int64_t sequences_per_unit,
+                         DataKind kind, const options_type& o) {
+    HYBRIDRL_CHECK(kind == DataKind::prompts || o.row_length() >= longest_sequence,
+                   fmt::format("loader.row_length = {} is shorter than the longest sequence of the "
+                               "dataset ({} tokens)",
+                               o.row_length(), longest_sequence),
+                   fmt::format("raise row_length to at least {}, or lower the dataset's max_length "
+                               "so longer lines are rejected or skipped",
+                               longest_sequence));
+  }
+
+  /// Packed rows for DPO/KTO units; a padded prompt batch for prompt datasets.
+  template <dataset D>
+  [[nodiscard]] static TensorBatch collate(const D& d, std::span<const int64_t> units,
+                                           const options_type& o) {
+    if constexpr (D::data_kind == DataKind::prompts) {
+      return collate_padded(d, units, o.prompt_padding());
+    } else {
+      return collate_packed(d, units, o.row_length());
+    }
+  }
+
+  /// The loader over `data`, fresh or resumed from a saved LoaderState.
+  template <dataset D>
+  [[nodiscard]] static BatchLoader<Loader<Packed>, D> make(
+      std::shared_ptr<const D> data, options_type options,
+      std::optional<LoaderState> resume = std::nullopt) {
+    return BatchLoader<Loader<Packed>, D>(std::move(data), std::move(options), std::move(resume));
+  }
+  /// The loader over a dataset taken by value.
+  template <dataset D>
+  [[nodiscard]] static BatchLoader<Loader<Packed>, D> make(
+      D data, options_type options, std::optional<LoaderState> resume = std::nullopt) {
+    return make(std::shared_ptr<const D>(std::make_shared<D>(std::move(data))), std::move(options),
+                std::move(resume));
+  }
 };
 static_assert(loader_policy<Loader<Packed>>);
 

@@ -255,7 +255,7 @@ struct BucketPlanOptions {
   int64_t batch_size = 8;             ///< units per batch (an upper bound when a budget is set)
   int64_t max_tokens_per_batch = 0;   ///< cap on padded tokens (units × seqs × longest); 0 = none
   int64_t sequences_per_unit = 1;     ///< 2 for DPO pairs and KTO (matched + mismatched)
-  int64_t window_batches = 64;        ///< batches per sorting window; 0 = the whole epoch
+  int64_t window_batches = 256;       ///< batches per sorting window; 0 = the whole epoch
   bool shuffle = true;                ///< seeded shuffle of units and of batch order
   bool drop_last = false;             ///< drop a final short batch (count mode only)
 };

@@ -7,7 +7,9 @@
 /// - HYBRIDRL_HAS_SDPA: at::scaled_dot_product_attention (fused flash / memory-efficient kernels)
 ///   exists (LibTorch >= 2.0). Without it, attention is computed with plain matmul + softmax.
 /// - USE_C10D_GLOO: LibTorch 2.x guards ProcessGroupGloo.hpp behind it; define it when the gloo
-///   headers are present so <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp> declares the class.
+///   headers are present so <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp> declares the class
+///   (the pip wheels of 2.x ship no gloo headers; Debian's 1.13 does). USE_C10D_NCCL likewise
+///   for ProcessGroupNCCL.hpp when NCCL was found.
 /// - compat::cuda_memory(device): allocated / reserved / peak bytes of the caching allocator,
 ///   whose stats types moved namespaces between versions.
 
@@ -28,6 +30,9 @@
 
 #if HYBRIDRL_TORCH_MAJOR >= 2 && !defined(USE_C10D_GLOO) && __has_include(<gloo/config.h>)
 #define USE_C10D_GLOO 1
+#endif
+#if HYBRIDRL_TORCH_MAJOR >= 2 && !defined(USE_C10D_NCCL) && defined(HYBRIDRL_WITH_NCCL)
+#define USE_C10D_NCCL 1
 #endif
 
 #if defined(HYBRIDRL_WITH_CUDA)
@@ -84,5 +89,52 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
   return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
 #endif
 }
+
+}  // namespace hybridrl::detail::compat
+
+// ---- autocast (mixed precision) ------------------------------------------------------------------
+#include <ATen/autocast_mode.h>
+
+namespace hybridrl::detail::compat {
+
+/// RAII: enables autocast to `dtype` on CUDA for its lifetime and restores the previous state.
+/// A no-op for other device types. LibTorch >= 2.4 has per-device-type calls; older versions have
+/// CUDA-only ones.
+class AutocastGuard {
+ public:
+  AutocastGuard(at::DeviceType device, at::ScalarType dtype) : active_(device == at::kCUDA) {
+    if (!active_) return;
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
+    prev_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    prev_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+#else
+    prev_enabled_ = at::autocast::is_enabled();
+    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+    at::autocast::increment_nesting();
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+  ~AutocastGuard() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
+#else
+    at::autocast::set_enabled(prev_enabled_);
+    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+#endif
+  }
+
+ private:
+  bool active_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
 
 }  // namespace hybridrl::detail::compat

@@ -1,0 +1,255 @@
+#pragma once
+/// \file
+/// ModelConfig: the Hugging Face `config.json` of a Llama-family causal LM (LlamaForCausalLM,
+/// MistralForCausalLM, Qwen2ForCausalLM), read with nlohmann-json. Both rope spellings are read:
+/// transformers 4.x (`rope_theta` + `rope_scaling`) and 5.x (`rope_parameters`). The original JSON
+/// is kept so a saved checkpoint carries every field it was loaded with.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+
+namespace hybridrl {
+
+/// Rotary-embedding frequency scaling, as in transformers' `modeling_rope_utils.py`.
+struct RopeScaling {
+  std::string type = "default";       ///< "default", "linear" or "llama3"
+  double factor = 1.0;                ///< scaling factor (linear, llama3)
+  double low_freq_factor = 1.0;       ///< llama3
+  double high_freq_factor = 4.0;      ///< llama3
+  int64_t original_max_position_embeddings = 8192;  ///< llama3
+};
+
+/// The architecture hyper-parameters of a Llama-family decoder.
+struct ModelConfig {
+  std::string architecture = "LlamaForCausalLM";  ///< HF class name (`architectures[0]`)
+  std::string model_type = "llama";               ///< HF `model_type`
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  int64_t num_key_value_heads = 32;
+  int64_t head_dim = 128;              ///< `head_dim`, default hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool attention_bias = false;         ///< bias on q/k/v/o (Llama `attention_bias`)
+  bool qkv_bias = false;               ///< bias on q/k/v only (Qwen2)
+  bool mlp_bias = false;               ///< bias on gate/up/down (Llama `mlp_bias`)
+  bool tie_word_embeddings = false;    ///< lm_head shares the embedding matrix
+  std::optional<int64_t> sliding_window;  ///< Mistral / Qwen2 local attention window (keys)
+  double initializer_range = 0.02;
+  std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  std::string dtype = "float32";       ///< the checkpoint's stored dtype (`dtype`/`torch_dtype`)
+  nlohmann::json raw = nlohmann::json::object();  ///< the config.json this was read from
+
+  /// Checks the numbers are consistent; throws Error naming the field.
+  void validate() const {
+    auto pos = [&](int64_t v, const char* name) {
+      HYBRIDRL_CHECK(v > 0, fmt::format("config: {} = {} must be positive", name, v),
+                     "fix config.json");
+    };
+    pos(vocab_size, "vocab_size");
+    pos(hidden_size, "hidden_size");
+    pos(intermediate_size, "intermediate_size");
+    pos(num_hidden_layers, "num_hidden_layers");
+    pos(num_attention_heads, "num_attention_heads");
+    pos(num_key_value_heads, "num_key_value_heads");
+    pos(head_dim, "head_dim");
+    HYBRIDRL_CHECK(num_attention_heads % num_key_value_heads == 0,
+                   fmt::format("config: num_attention_heads {} is not a multiple of "
+                               "num_key_value_heads {}", num_attention_heads, num_key_value_heads),
+                   "grouped-query attention needs heads = groups × kv heads");
+    HYBRIDRL_CHECK(head_dim % 2 == 0, fmt::format("config: head_dim {} is odd", head_dim),
+                   "rotary embeddings need an even head_dim");
+    HYBRIDRL_CHECK(rope_scaling.type == "default" || rope_scaling.type == "linear" ||
+                       rope_scaling.type == "llama3",
+                   fmt::format("config: rope type '{}' is not supported", rope_scaling.type),
+                   "hybridrl supports rope types default, linear and llama3");
+  }
+};
+
+/// The architectures hybridrl implements, by Hugging Face class name.
+inline const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM",
+                                                 "Qwen2ForCausalLM"};
+  return names;
+}
+
+namespace detail {
+
+/// "LlamaForCausalLM" → "Llama" (the prefix HF uses for sibling heads such as ForTokenClassification).
+inline std::string architecture_prefix(const std::string& arch) {
+  for (const char* suffix : {"ForCausalLM", "ForTokenClassification", "Model"}) {
+    const std::string s = suffix;
+    if (arch.size() > s.size() && arch.compare(arch.size() - s.size(), s.size(), s) == 0) {
+      return arch.substr(0, arch.size() - s.size());
+    }
+  }
+  return arch;
+}
+
+template <class T>
+T json_or(const nlohmann::json& j, const char* key, T fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  return j[key].get<T>();
+}
+
+}  // namespace detail
+
+/// Parses a config.json object. `source` names the file in errors. An architecture hybridrl does not
+/// implement is an Error that lists the supported ones.
+inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& source = "config.json") {
+  ModelConfig c;
+  c.raw = j;
+  try {
+    std::string arch;
+    if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
+      arch = j["architectures"][0].get<std::string>();
+    }
+    const std::string prefix = detail::architecture_prefix(arch);
+    const bool known = prefix == "Llama" || prefix == "Mistral" || prefix == "Qwen2";
+    HYBRIDRL_CHECK(known,
+                   fmt::format("'{}': unknown architecture '{}'", source,
+                               arch.empty() ? std::string("(none given)") : arch),
+                   "hybridrl implements LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM "
+                   "(and their ForTokenClassification critics)");
+    c.architecture = prefix + "ForCausalLM";
+    c.model_type = detail::json_or<std::string>(j, "model_type", prefix == "Qwen2" ? "qwen2"
+                                                                  : prefix == "Mistral" ? "mistral"
+                                                                                        : "llama");
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.intermediate_size = j.at("intermediate_size").get<int64_t>();
+    c.num_hidden_layers = j.at("num_hidden_layers").get<int64_t>();
+    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
+    c.num_key_value_heads = detail::json_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
+    c.head_dim = detail::json_or<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads);
+    c.max_position_embeddings = detail::json_or<int64_t>(j, "max_position_embeddings", 2048);
+    c.rms_norm_eps = detail::json_or<double>(j, "rms_norm_eps", 1e-6);
+    c.attention_bias = detail::json_or<bool>(j, "attention_bias", false);
+    c.mlp_bias = detail::json_or<bool>(j, "mlp_bias", false);
+    c.qkv_bias = prefix == "Qwen2";
+    c.tie_word_embeddings = detail::json_or<bool>(j, "tie_word_embeddings", false);
+    c.initializer_range = detail::json_or<double>(j, "initializer_range", 0.02);
+    auto id = [&](const char* key) -> std::optional<int64_t> {
+      if (!j.contains(key) || !j[key].is_number_integer()) return std::nullopt;
+      return j[key].get<int64_t>();
+    };
+    if (prefix == "Mistral") c.sliding_window = id("sliding_window");
+    HYBRIDRL_CHECK(!(prefix == "Qwen2" && detail::json_or<bool>(j, "use_sliding_window", false)),
+                   fmt::format("'{}': Qwen2 with use_sliding_window=true is not supported", source),
+                   "set use_sliding_window to false (Qwen2 checkpoints ship with it off)");
+    c.bos_token_id = id("bos_token_id");
+    c.eos_token_id = id("eos_token_id");
+    c.pad_token_id = id("pad_token_id");
+    c.dtype = detail::json_or<std::string>(j, "dtype", detail::json_or<std::string>(j, "torch_dtype", "float32"));
+    // rope: transformers 5 writes rope_parameters (with rope_theta inside); 4.x rope_theta + rope_scaling.
+    nlohmann::json rope = nlohmann::json::object();
+    if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+      rope = j["rope_parameters"];
+    } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+      rope = j["rope_scaling"];
+    }
+    c.rope_theta = detail::json_or<double>(rope, "rope_theta", detail::json_or<double>(j, "rope_theta", 10000.0));
+    c.rope_scaling.type = detail::json_or<std::string>(rope, "rope_type", detail::json_or<std::string>(rope, "type", "default"));
+    c.rope_scaling.factor = detail::json_or<double>(rope, "factor", 1.0);
+    c.rope_scaling.low_freq_factor = detail::json_or<double>(rope, "low_freq_factor", 1.0);
+    c.rope_scaling.high_freq_factor = detail::json_or<double>(rope, "high_freq_factor", 4.0);
+    c.rope_scaling.original_max_position_embeddings =
+        detail::json_or<int64_t>(rope, "original_max_position_embeddings", 8192);
+    const auto act = detail::json_or<std::string>(j, "hidden_act", "silu");
+    HYBRIDRL_CHECK(act == "silu", fmt::format("'{}': hidden_act '{}' is not supported", source, act),
+                   "hybridrl's SwiGLU MLP uses silu, as Llama, Mistral and Qwen2 do");
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("'{}': missing or mistyped field ({})", source, e.what()),
+                "compare the file with a config.json written by transformers' save_pretrained");
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(fmt::format("'{}': {}", source, e.problem()), e.fix());
+  }
+  return c;
+}
+
+/// Reads `<dir>/config.json` (or `dir` itself when it names a file).
+inline ModelConfig load_config(const std::string& path) {
+  namespace fs = std::filesystem;
+  const auto file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
+  std::ifstream in(file);
+  HYBRIDRL_CHECK(in.good(), fmt::format("cannot read '{}'", file),
+                 "pass a Hugging Face checkpoint directory that holds config.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("'{}' is not valid JSON ({})", file, e.what()), "repair or re-save config.json");
+  }
+  return config_from_json(j, file);
+}
+
+/// config.json for `c` under the HF class name `architecture` (default: c.architecture), starting
+/// from the JSON it was loaded from so unknown fields survive. `dtype` is the stored dtype's HF name.
+inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& architecture = "",
+                                     const std::string& dtype = "") {
+  nlohmann::json j = c.raw.is_object() ? c.raw : nlohmann::json::object();
+  j["architectures"] = {architecture.empty() ? c.architecture : architecture};
+  j["model_type"] = c.model_type;
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["initializer_range"] = c.initializer_range;
+  if (c.model_type == "llama") {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
+  if (c.model_type == "mistral") {
+    j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
+  }
+  nlohmann::json rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta}};
+  if (c.rope_scaling.type != "default") rope["factor"] = c.rope_scaling.factor;
+  if (c.rope_scaling.type == "llama3") {
+    rope["low_freq_factor"] = c.rope_scaling.low_freq_factor;
+    rope["high_freq_factor"] = c.rope_scaling.high_freq_factor;
+    rope["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
+  }
+  // Both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta + rope_scaling.
+  j["rope_parameters"] = rope;
+  j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = rope;
+  }
+  auto put_id = [&](const char* key, const std::optional<int64_t>& v) {
+    j[key] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  put_id("bos_token_id", c.bos_token_id);
+  put_id("eos_token_id", c.eos_token_id);
+  put_id("pad_token_id", c.pad_token_id);
+  const auto d = dtype.empty() ? c.dtype : dtype;
+  j["dtype"] = d;
+  j["torch_dtype"] = d;
+  return j;
+}
+
+}  // namespace hybridrl

@@ -1,0 +1,202 @@
+#pragma once
+/// \file
+/// The building blocks of a Llama-family decoder, named and computed as in Hugging Face's
+/// `modeling_llama.py` / `modeling_qwen2.py`: RMSNorm, rotary embeddings (with llama3 / linear
+/// frequency scaling), the SwiGLU MLP, grouped-query attention with optional q/k/v bias, and the
+/// pre-norm decoder layer. Submodules carry HF's names so parameter names equal HF tensor names.
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <utility>
+
+#include "hybridrl/detail/compat.hpp"
+#include "hybridrl/model/config.hpp"
+
+namespace hybridrl {
+
+/// Root-mean-square layer norm: `weight * (x / sqrt(mean(x²) + eps))`, computed in fp32 and cast
+/// back to the input dtype before the weight multiply (as HF does).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  /// A norm over the last dimension of size `dim`, weight initialised to ones.
+  RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+    weight = register_parameter("weight", torch::ones({dim}));
+  }
+  /// Normalised `x` ([..., dim]).
+  at::Tensor forward(const at::Tensor& x) {
+    auto h = x.to(at::kFloat);
+    h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+    return weight * h.to(x.scalar_type());
+  }
+  at::Tensor weight;  ///< [dim]
+
+ private:
+  double eps_;
+};
+/// Module holder of RMSNormImpl.
+TORCH_MODULE(RMSNorm);
+
+/// Inverse rotary frequencies `1 / theta^(2i/d)` for head_dim `d`, with the config's scaling
+/// applied (llama3: smooth interpolation between scaled low and unscaled high frequencies; linear:
+/// divided by `factor`). fp32, on CPU.
+inline at::Tensor rope_inverse_frequencies(const ModelConfig& c) {
+  const auto d = c.head_dim;
+  auto inv = 1.0 / at::pow(c.rope_theta, at::arange(0, d, 2, at::kLong).to(at::kFloat) / static_cast<double>(d));
+  const auto& s = c.rope_scaling;
+  if (s.type == "linear") return inv / s.factor;
+  if (s.type != "llama3") return inv;
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_len / s.low_freq_factor;
+  const double high_wavelen = old_len / s.high_freq_factor;
+  auto wavelen = 2.0 * std::numbers::pi / inv;
+  auto scaled = at::where(wavelen > low_wavelen, inv / s.factor, inv);
+  auto smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+/// cos and sin tables for `positions` ([B, T] int): each [B, T, head_dim], fp32 then cast to `dtype`.
+inline std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, const at::Tensor& positions,
+                                                      at::ScalarType dtype) {
+  auto freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq.to(positions.device()).view({1, 1, -1});
+  auto emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+/// Applies rotary embeddings to `x` [B, heads, T, D] with cos/sin [B, T, D] (HF's rotate_half form).
+inline at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+/// What every layer of one forward shares: the rotary tables and the attention mask.
+struct LayerContext {
+  at::Tensor cos, sin;  ///< [B, T, head_dim] in the compute dtype
+  at::Tensor mask;      ///< bool "may attend" [B, 1, Tq, Tk], or undefined for plain causal
+  bool causal = true;   ///< add the causal mask inside attention (only when `mask` is undefined)
+};
+
+/// Attention over keys/values the caller provides: (layer index, q [B,H,T,D], k, v [B,Hkv,T,D]
+/// after rotary) → [B, H, T, D]. The KV-cache entry point of the rollout: it stores k/v where it
+/// likes (dense or paged) and attends over the cache.
+using AttentionFn = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v)>;
+
+/// Grouped-query self-attention with rotary embeddings; q/k/v bias for Qwen2 (or Llama
+/// `attention_bias`). Parameters: q_proj, k_proj, v_proj, o_proj as in HF.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  /// Projections sized from `c`.
+  explicit AttentionImpl(const ModelConfig& c)
+      : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+    const bool qkv_bias = c.qkv_bias || c.attention_bias;
+    auto lin = [](int64_t in, int64_t out, bool bias) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+    };
+    q_proj = register_module("q_proj", lin(c.hidden_size, heads_ * head_dim_, qkv_bias));
+    k_proj = register_module("k_proj", lin(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    v_proj = register_module("v_proj", lin(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    o_proj = register_module("o_proj", lin(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  }
+
+  /// q [B, H, T, D], k and v [B, Hkv, T, D] of `x` [B, T, hidden], rotary applied to q and k.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x, const at::Tensor& cos,
+                                                         const at::Tensor& sin) {
+    const auto B = x.size(0), T = x.size(1);
+    auto q = q_proj(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
+    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    return {apply_rope(q, cos, sin), apply_rope(k, cos, sin), v};
+  }
+
+  /// Softmax attention of q over k/v (kv heads repeated for GQA); `mask` bool [B,1,Tq,Tk] or undefined.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                    bool causal) const {
+    const auto rep = heads_ / kv_heads_;
+    auto kk = rep == 1 ? k : k.repeat_interleave(rep, 1);
+    auto vv = rep == 1 ? v : v.repeat_interleave(rep, 1);
+    return detail::compat::scaled_dot_product_attention(q, kk, vv, mask, causal,
+                                                        1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  }
+
+  /// o_proj of the attention output [B, H, T, D] → [B, T, hidden].
+  at::Tensor output(const at::Tensor& attn) {
+    const auto B = attn.size(0), T = attn.size(2);
+    return o_proj(attn.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+  }
+
+  /// Self-attention of `x` under `ctx`; with `attn_fn` the caller does the attention (KV cache).
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0,
+                     const AttentionFn& attn_fn = nullptr) {
+    auto [q, k, v] = project(x, ctx.cos, ctx.sin);
+    auto a = attn_fn ? attn_fn(layer, q, k, v) : attend(q, k, v, ctx.mask, ctx.causal && !ctx.mask.defined());
+    return output(a);
+  }
+
+  [[nodiscard]] int64_t num_heads() const noexcept { return heads_; }        ///< query heads
+  [[nodiscard]] int64_t num_kv_heads() const noexcept { return kv_heads_; }  ///< key/value heads
+  [[nodiscard]] int64_t head_dim() const noexcept { return head_dim_; }      ///< per-head size
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+/// Module holder of AttentionImpl.
+TORCH_MODULE(Attention);
+
+/// SwiGLU feed-forward: `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+class MLPImpl : public torch::nn::Module {
+ public:
+  /// Projections sized from `c`.
+  explicit MLPImpl(const ModelConfig& c) {
+    auto lin = [&](int64_t in, int64_t out) {
+      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
+    };
+    gate_proj = register_module("gate_proj", lin(c.hidden_size, c.intermediate_size));
+    up_proj = register_module("up_proj", lin(c.hidden_size, c.intermediate_size));
+    down_proj = register_module("down_proj", lin(c.intermediate_size, c.hidden_size));
+  }
+  /// The MLP of `x` [..., hidden].
+  at::Tensor forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
+
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+/// Module holder of MLPImpl.
+TORCH_MODULE(MLP);
+
+/// Pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  /// A layer sized from `c`.
+  explicit DecoderLayerImpl(const ModelConfig& c) {
+    self_attn = register_module("self_attn", Attention(c));
+    mlp = register_module("mlp", MLP(c));
+    input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+    post_attention_layernorm =
+        register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  }
+  /// The layer applied to `x` [B, T, hidden].
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0,
+                     const AttentionFn& attn_fn = nullptr) {
+    auto h = x + self_attn->forward(input_layernorm(x), ctx, layer, attn_fn);
+    return h + mlp(post_attention_layernorm(h));
+  }
+
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+/// Module holder of DecoderLayerImpl.
+TORCH_MODULE(DecoderLayer);
+
+}  // namespace hybridrl

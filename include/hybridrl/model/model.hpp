@@ -1,0 +1,14 @@
+#pragma once
+/// \file
+/// Models: the Llama-family causal LM and critic (Llama, Mistral, Qwen2), Hugging Face checkpoint
+/// I/O (config.json + safetensors), activation checkpointing, and tokenizers (byte-level, and
+/// sentencepiece). See docs/models.md.
+
+#include "hybridrl/model/checkpointing.hpp"
+#include "hybridrl/model/config.hpp"
+#include "hybridrl/model/layers.hpp"
+#include "hybridrl/model/causal_lm.hpp"
+#include "hybridrl/model/safetensors.hpp"
+#include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/model/tokenizer.hpp"
+#include "hybridrl/model/sentencepiece_tokenizer.hpp"

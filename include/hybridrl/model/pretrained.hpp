@@ -1,0 +1,293 @@
+#pragma once
+/// \file
+/// Hugging Face checkpoint I/O: `config.json` plus `model.safetensors` or sharded
+/// `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`, by HF tensor names, in
+/// fp32 / bf16 / fp16. Loading validates every tensor (present, right shape) before copying any,
+/// so a bad checkpoint is an Error naming the file and tensor, never a half-loaded model. Files are
+/// memory-mapped and copied once, straight into the parameters. Saving writes each file to a
+/// temporary name and renames it, then removes stale shards of an earlier save.
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/options.hpp"
+#include "hybridrl/model/causal_lm.hpp"
+#include "hybridrl/model/config.hpp"
+#include "hybridrl/model/safetensors.hpp"
+
+namespace hybridrl {
+
+/// Where and how to put loaded weights.
+struct LoadOptions {
+  /// Parameter dtype after loading (stored tensors are converted).
+  HYBRIDRL_ARG(at::ScalarType, dtype) = at::kFloat;
+  /// Device of the parameters.
+  HYBRIDRL_ARG(at::Device, device) = at::Device(at::kCPU);
+  /// Reject tensors in the checkpoint that the model does not use (except known extras such as a
+  /// tied `lm_head.weight` or a critic's `score.*`).
+  HYBRIDRL_ARG(bool, strict) = true;
+};
+
+/// How to write a checkpoint.
+struct SaveOptions {
+  /// Stored dtype; default: the parameters' dtype.
+  HYBRIDRL_ARG(std::optional<at::ScalarType>, dtype) = std::nullopt;
+  /// Largest shard in bytes before splitting into model-0000k-of-0000n files (HF's max_shard_size).
+  HYBRIDRL_ARG(int64_t, max_shard_bytes) = int64_t{5} << 30;
+};
+
+/// HF's name for a dtype ("float32", "bfloat16", "float16").
+inline std::string hf_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kDouble: return "float64";
+    default: return c10::toString(t);
+  }
+}
+
+/// The tensors of a checkpoint directory: every shard memory-mapped, names mapped to their file.
+class CheckpointReader {
+ public:
+  /// Opens `dir`: model.safetensors, or the shards listed by model.safetensors.index.json.
+  explicit CheckpointReader(const std::string& dir) : dir_(dir) {
+    namespace fs = std::filesystem;
+    const auto single = fs::path(dir) / "model.safetensors";
+    const auto index = fs::path(dir) / "model.safetensors.index.json";
+    if (fs::exists(single)) {
+      source_ = single.string();
+      files_.emplace_back(single.string());
+      for (const auto& n : files_.back().names()) where_[n] = 0;
+      return;
+    }
+    HYBRIDRL_CHECK(fs::exists(index),
+                   fmt::format("'{}' has neither model.safetensors nor model.safetensors.index.json", dir),
+                   "save the checkpoint with save_pretrained (safe_serialization, the default)");
+    source_ = index.string();
+    nlohmann::json j;
+    try {
+      std::ifstream in(index);
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("'{}' is not valid JSON ({})", index.string(), e.what()), "re-save the checkpoint");
+    }
+    HYBRIDRL_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
+                   fmt::format("'{}' has no weight_map object", index.string()), "re-save the checkpoint");
+    std::map<std::string, size_t> file_index;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      HYBRIDRL_CHECK(file.is_string(), fmt::format("'{}': weight_map['{}'] is not a file name", index.string(), name),
+                     "re-save the checkpoint");
+      const auto f = file.get<std::string>();
+      auto it = file_index.find(f);
+      if (it == file_index.end()) {
+        files_.emplace_back((fs::path(dir) / f).string());
+        it = file_index.emplace(f, files_.size() - 1).first;
+      }
+      HYBRIDRL_CHECK(files_[it->second].contains(name),
+                     fmt::format("'{}' lists tensor '{}' but '{}' does not hold it", index.string(), name,
+                                 files_[it->second].path()),
+                     "the checkpoint is incomplete or mixed from two saves: re-save it");
+      where_[name] = it->second;
+    }
+  }
+  /// Whether the checkpoint holds `name`.
+  [[nodiscard]] bool contains(const std::string& name) const { return where_.count(name) > 0; }
+  /// The file holding `name` (the directory when absent).
+  [[nodiscard]] std::string file_of(const std::string& name) const {
+    auto it = where_.find(name);
+    return it == where_.end() ? dir_ : files_[it->second].path();
+  }
+  /// Zero-copy CPU view of `name` (see SafetensorsFile::get).
+  [[nodiscard]] at::Tensor get(const std::string& name) const {
+    auto it = where_.find(name);
+    HYBRIDRL_CHECK(it != where_.end(), fmt::format("checkpoint '{}' has no tensor '{}'", dir_, name),
+                   "check that the checkpoint matches config.json's architecture and sizes");
+    return files_[it->second].get(name);
+  }
+  /// Every tensor name, sorted.
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : where_) out.push_back(k);
+    return out;
+  }
+  /// The checkpoint directory.
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+  /// The file that lists the tensors: model.safetensors or model.safetensors.index.json.
+  [[nodiscard]] const std::string& source() const noexcept { return source_; }
+
+ private:
+  std::string dir_;
+  std::string source_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;
+};
+
+/// Copies the checkpoint's tensors into `module`'s same-named parameters. Every parameter is
+/// checked (present, same shape) before any is written. `ignore_missing` lists names that may be
+/// absent (left as they are); with `strict`, checkpoint tensors the module does not have are an
+/// error unless listed in `allowed_extra` (exact names or prefixes ending in '.').
+inline void load_weights(torch::nn::Module& module, const CheckpointReader& ckpt, bool strict = true,
+                         const std::set<std::string>& allowed_extra = {},
+                         const std::set<std::string>& ignore_missing = {}) {
+  auto params = module.named_parameters();
+  std::vector<std::pair<at::Tensor, at::Tensor>> plan;
+  for (auto& p : params) {
+    const auto& name = p.key();
+    if (!ckpt.contains(name)) {
+      HYBRIDRL_CHECK(ignore_missing.count(name) > 0,
+                     fmt::format("'{}' has no tensor '{}' (shape [{}])", ckpt.source(), name,
+                                 fmt::join(p.value().sizes(), ", ")),
+                     "check that the checkpoint matches config.json (architecture, layers, tied embeddings)");
+      continue;
+    }
+    auto t = ckpt.get(name);
+    HYBRIDRL_CHECK(t.sizes() == p.value().sizes(),
+                   fmt::format("'{}': tensor '{}' has shape [{}] but config.json implies [{}]", ckpt.file_of(name),
+                               name, fmt::join(t.sizes(), ", "), fmt::join(p.value().sizes(), ", ")),
+                   "the weights do not belong to this config.json: use the config saved with them");
+    HYBRIDRL_CHECK(at::isFloatingType(t.scalar_type()),
+                   fmt::format("'{}': tensor '{}' has dtype {}, not a float type", ckpt.file_of(name), name,
+                               c10::toString(t.scalar_type())),
+                   "store weights as F32, BF16 or F16");
+    plan.emplace_back(p.value(), t);
+  }
+  if (strict) {
+    for (const auto& name : ckpt.names()) {
+      if (params.contains(name) || allowed_extra.count(name) > 0) continue;
+      bool prefixed = false;
+      for (const auto& a : allowed_extra) {
+        prefixed = prefixed || (!a.empty() && a.back() == '.' && name.rfind(a, 0) == 0);
+      }
+      HYBRIDRL_CHECK(prefixed,
+                     fmt::format("'{}': tensor '{}' is not a parameter of this model", ckpt.file_of(name), name),
+                     "check that config.json's architecture matches the weights, or load with "
+                     "LoadOptions{}.strict(false)");
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [param, src] : plan) param.copy_(src);
+}
+
+/// Loads a causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) from a Hugging Face
+/// checkpoint directory.
+inline CausalLM load_causal_lm(const std::string& dir, const LoadOptions& o = {}) {
+  const auto config = load_config(dir);
+  CheckpointReader ckpt(dir);
+  CausalLM m(config);
+  m->to(o.device(), o.dtype());
+  load_weights(*m, ckpt, o.strict(), {"lm_head.weight", "score.weight", "score.bias"});
+  return m;
+}
+
+/// Loads a critic from a `...ForTokenClassification` checkpoint, or from a policy checkpoint (the
+/// trunk is loaded and `score` freshly initialised, as verl's critic starts).
+inline ValueModel load_value_model(const std::string& dir, const LoadOptions& o = {}) {
+  const auto config = load_config(dir);
+  CheckpointReader ckpt(dir);
+  ValueModel m(config);
+  m->to(o.device(), o.dtype());
+  load_weights(*m, ckpt, o.strict(), {"lm_head.weight"}, {"score.weight", "score.bias"});
+  return m;
+}
+
+namespace detail {
+
+/// Writes `text` to `path` atomically (temporary file + rename).
+inline void write_text_atomic(const std::string& path, const std::string& text) {
+  const auto tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    HYBRIDRL_CHECK(out.good(), fmt::format("cannot create '{}'", tmp), "check that the directory is writable");
+    out << text;
+    out.flush();
+    HYBRIDRL_CHECK(out.good(), fmt::format("writing '{}' failed", tmp), "check free disk space");
+  }
+  HYBRIDRL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, fmt::format("cannot rename '{}' to '{}'", tmp, path),
+                 "check permissions of the directory");
+}
+
+/// Writes `module`'s parameters as HF safetensors (sharded when larger than max_shard_bytes) and
+/// `config` as config.json into `dir`.
+inline void save_module(const torch::nn::Module& module, const nlohmann::json& config, const std::string& dir,
+                        const SaveOptions& o) {
+  namespace fs = std::filesystem;
+  HYBRIDRL_CHECK(o.max_shard_bytes() > 0, "SaveOptions: max_shard_bytes must be positive",
+                 "set SaveOptions{}.max_shard_bytes(bytes) with bytes > 0");
+  fs::create_directories(dir);
+  std::vector<std::map<std::string, at::Tensor>> shards(1);
+  int64_t shard_bytes = 0, total = 0;
+  for (const auto& p : module.named_parameters()) {
+    auto t = p.value().detach();
+    if (o.dtype()) t = t.to(*o.dtype());
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    if (shard_bytes > 0 && shard_bytes + bytes > o.max_shard_bytes()) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().emplace(p.key(), t);
+    shard_bytes += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  std::set<std::string> written;
+  const auto n = shards.size();
+  if (n == 1) {
+    save_safetensors((fs::path(dir) / "model.safetensors").string(), shards[0], meta);
+    written.insert("model.safetensors");
+  } else {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", nlohmann::json::object()}};
+    for (size_t k = 0; k < n; ++k) {
+      const auto name = fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, n);
+      save_safetensors((fs::path(dir) / name).string(), shards[k], meta);
+      for (const auto& [t, v] : shards[k]) index["weight_map"][t] = name;
+      written.insert(name);
+    }
+    write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2));
+    written.insert("model.safetensors.index.json");
+  }
+  write_text_atomic((fs::path(dir) / "config.json").string(), config.dump(2));
+  // Remove what an earlier save left behind, so HF never reads a mix of two saves.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto f = e.path().filename().string();
+    const bool ours = f.rfind("model", 0) == 0 &&
+                      (f.ends_with(".safetensors") || f == "model.safetensors.index.json");
+    if (ours && written.count(f) == 0) fs::remove(e.path());
+  }
+}
+
+}  // namespace detail
+
+/// Saves a causal LM as a Hugging Face checkpoint (`AutoModelForCausalLM.from_pretrained` reads it).
+inline void save_pretrained(const CausalLM& model, const std::string& dir, const SaveOptions& o = {}) {
+  const auto dtype = o.dtype().value_or(model->parameters().front().scalar_type());
+  detail::save_module(*model, config_to_json(model->config(), "", hf_dtype_name(dtype)), dir, o);
+}
+
+/// Saves a critic as `<Arch>ForTokenClassification` with one label (AutoModelForTokenClassification reads it).
+inline void save_pretrained(const ValueModel& model, const std::string& dir, const SaveOptions& o = {}) {
+  const auto dtype = o.dtype().value_or(model->parameters().front().scalar_type());
+  const auto& c = model->config();
+  auto j = config_to_json(c, detail::architecture_prefix(c.architecture) + "ForTokenClassification",
+                          hf_dtype_name(dtype));
+  j["id2label"] = {{"0", "LABEL_0"}};
+  j["label2id"] = {{"LABEL_0", 0}};
+  j["num_labels"] = 1;
+  detail::save_module(*model, j, dir, o);
+}
+
+}  // namespace hybridrl

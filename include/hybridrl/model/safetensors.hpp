@@ -1,0 +1,317 @@
+#pragma once
+/// \file
+/// Reading and writing the safetensors format (https://github.com/huggingface/safetensors):
+/// 8 bytes little-endian header length N, N bytes of JSON header
+/// `{"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}}`,
+/// then the raw little-endian tensor bytes; offsets count from the end of the header.
+///
+/// SafetensorsFile memory-maps the file (POSIX mmap) and validates the whole header against the
+/// file size BEFORE any tensor is created, so a corrupt or truncated file is an Error naming the
+/// file and tensor, never a crash. Tensors it returns alias the mapping (zero copy); the mapping
+/// lives as long as any of them. save_safetensors writes a temporary file and renames it, so a
+/// reader never sees a half-written file.
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hybridrl/core/error.hpp"
+
+namespace hybridrl {
+
+namespace detail {
+
+/// A read-only memory mapping of a whole file; unmapped on destruction.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    HYBRIDRL_CHECK(fd >= 0, fmt::format("cannot open '{}': {}", path, std::strerror(errno)),
+                   "check that the file exists and is readable");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(fmt::format("cannot stat '{}': {}", path, std::strerror(err)),
+                  "check that the path is a regular file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int err = errno;
+      ::close(fd);
+      HYBRIDRL_CHECK(p != MAP_FAILED,
+                     fmt::format("cannot memory-map '{}': {}", path, std::strerror(err)),
+                     "check free address space and that the file is a regular file");
+      data_ = static_cast<const uint8_t*>(p);
+    } else {
+      ::close(fd);
+    }
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  }
+
+  [[nodiscard]] const uint8_t* data() const noexcept { return data_; }
+  [[nodiscard]] size_t size() const noexcept { return size_; }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+/// safetensors dtype string → ATen dtype; std::nullopt when unknown to hybridrl.
+inline std::optional<at::ScalarType> safetensors_dtype(const std::string& s) {
+  static const std::map<std::string, at::ScalarType> table = {
+      {"F64", at::kDouble}, {"F32", at::kFloat},  {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+      {"I64", at::kLong},   {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},
+      {"U8", at::kByte},    {"BOOL", at::kBool}};
+  auto it = table.find(s);
+  if (it == table.end()) return std::nullopt;
+  return it->second;
+}
+
+/// ATen dtype → safetensors dtype string (throws for dtypes the format has no name for here).
+inline std::string safetensors_dtype_name(at::ScalarType t, const std::string& tensor) {
+  switch (t) {
+    case at::kDouble: return "F64";
+    case at::kFloat: return "F32";
+    case at::kHalf: return "F16";
+    case at::kBFloat16: return "BF16";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kShort: return "I16";
+    case at::kChar: return "I8";
+    case at::kByte: return "U8";
+    case at::kBool: return "BOOL";
+    default:
+      throw Error(fmt::format("tensor '{}' has dtype {}, which safetensors cannot store", tensor,
+                              c10::toString(t)),
+                  "convert it to a float or integer dtype before saving");
+  }
+}
+
+}  // namespace detail
+
+/// Where one tensor lives in a safetensors file.
+struct SafetensorsEntry {
+  at::ScalarType dtype = at::kFloat;  ///< element type
+  std::vector<int64_t> shape;         ///< dimensions
+  size_t begin = 0;                   ///< byte offset from the start of the data section
+  size_t end = 0;                     ///< one past the last byte
+};
+
+/// A memory-mapped, fully validated safetensors file. Cheap to copy (shares the mapping).
+class SafetensorsFile {
+ public:
+  /// Maps and validates `path`. Throws Error naming the file (and the tensor) when the file is
+  /// truncated, the header is not valid JSON, a dtype is unknown, or an entry's bytes do not match
+  /// its shape or lie outside the file.
+  explicit SafetensorsFile(const std::string& path)
+      : map_(std::make_shared<detail::MappedFile>(path)) {
+    const auto size = map_->size();
+    const std::string fix = "the file is corrupt or truncated: re-download or re-save the checkpoint";
+    HYBRIDRL_CHECK(size >= 8,
+                   fmt::format("'{}' is not a safetensors file: {} bytes, fewer than the 8-byte "
+                               "header length", path, size),
+                   fix);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | map_->data()[i];
+    HYBRIDRL_CHECK(n <= size - 8,
+                   fmt::format("'{}': the header claims {} bytes but the file has only {} after the "
+                               "length field", path, n, size - 8),
+                   fix);
+    data_offset_ = 8 + static_cast<size_t>(n);
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(map_->data() + 8, map_->data() + data_offset_);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("'{}': the safetensors header is not valid JSON ({})", path, e.what()),
+                  fix);
+    }
+    HYBRIDRL_CHECK(header.is_object(),
+                   fmt::format("'{}': the safetensors header is not a JSON object", path), fix);
+    const size_t data_size = size - data_offset_;
+    for (const auto& [name, v] : header.items()) {
+      if (name == "__metadata__") {
+        if (v.is_object()) {
+          for (const auto& [k, s] : v.items()) {
+            if (s.is_string()) metadata_[k] = s.get<std::string>();
+          }
+        }
+        continue;
+      }
+      const auto where = fmt::format("'{}', tensor '{}'", path, name);
+      HYBRIDRL_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") &&
+                         v.contains("data_offsets") && v["dtype"].is_string() &&
+                         v["shape"].is_array() && v["data_offsets"].is_array() &&
+                         v["data_offsets"].size() == 2,
+                     fmt::format("{}: the header entry lacks dtype/shape/data_offsets", where), fix);
+      const auto dtype_name = v["dtype"].get<std::string>();
+      const auto dtype = detail::safetensors_dtype(dtype_name);
+      HYBRIDRL_CHECK(dtype.has_value(),
+                     fmt::format("{}: unknown dtype '{}'", where, dtype_name),
+                     "hybridrl reads F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL; convert "
+                     "the checkpoint to one of these");
+      SafetensorsEntry e;
+      e.dtype = *dtype;
+      uint64_t numel = 1;
+      for (const auto& d : v["shape"]) {
+        HYBRIDRL_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                       fmt::format("{}: shape {} has a negative or non-integer dimension", where,
+                                   v["shape"].dump()),
+                       fix);
+        const auto dim = d.get<uint64_t>();
+        HYBRIDRL_CHECK(dim == 0 || numel <= (uint64_t{1} << 56) / dim,
+                       fmt::format("{}: shape {} is impossibly large", where, v["shape"].dump()),
+                       fix);
+        numel *= dim;
+        e.shape.push_back(static_cast<int64_t>(dim));
+      }
+      const auto& off = v["data_offsets"];
+      HYBRIDRL_CHECK(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                     fmt::format("{}: data_offsets {} are not non-negative integers", where,
+                                 off.dump()),
+                     fix);
+      e.begin = off[0].get<size_t>();
+      e.end = off[1].get<size_t>();
+      HYBRIDRL_CHECK(e.begin <= e.end && e.end <= data_size,
+                     fmt::format("{}: data_offsets [{}, {}] lie outside the {} data bytes of the "
+                                 "file (truncated?)", where, e.begin, e.end, data_size),
+                     fix);
+      const auto want = numel * static_cast<uint64_t>(c10::elementSize(e.dtype));
+      HYBRIDRL_CHECK(e.end - e.begin == want,
+                     fmt::format("{}: {} bytes stored but dtype {} and shape {} need {}", where,
+                                 e.end - e.begin, dtype_name, v["shape"].dump(), want),
+                     fix);
+      entries_.emplace(name, std::move(e));
+    }
+  }
+
+  /// The file's path.
+  [[nodiscard]] const std::string& path() const noexcept { return map_->path(); }
+  /// Tensor names in the file, sorted.
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    out.reserve(entries_.size());
+    for (const auto& [k, v] : entries_) out.push_back(k);
+    return out;
+  }
+  /// Whether the file holds `name`.
+  [[nodiscard]] bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  /// Dtype, shape and offsets of `name` (throws when absent).
+  [[nodiscard]] const SafetensorsEntry& entry(const std::string& name) const {
+    auto it = entries_.find(name);
+    HYBRIDRL_CHECK(it != entries_.end(),
+                   fmt::format("'{}' has no tensor '{}'", path(), name),
+                   "check the tensor name (Hugging Face names, e.g. model.layers.0.mlp.up_proj.weight)");
+    return it->second;
+  }
+  /// The `__metadata__` string map of the header.
+  [[nodiscard]] const std::map<std::string, std::string>& metadata() const noexcept {
+    return metadata_;
+  }
+
+  /// A CPU tensor aliasing the mapped bytes of `name` (read-only: copy before writing to it). It
+  /// keeps the mapping alive. Unaligned data is copied once so the tensor is always usable.
+  [[nodiscard]] at::Tensor get(const std::string& name) const {
+    const auto& e = entry(name);
+    const auto elem = c10::elementSize(e.dtype);
+    const uint8_t* p = map_->data() + data_offset_ + e.begin;
+    auto options = at::TensorOptions().dtype(e.dtype).device(at::kCPU);
+    if (e.end == e.begin) return at::empty(e.shape, options);
+    auto keep = map_;
+    auto t = at::from_blob(const_cast<uint8_t*>(p), e.shape, [keep](void*) {}, options);
+    if (reinterpret_cast<uintptr_t>(p) % elem != 0) return t.clone();
+    return t;
+  }
+
+ private:
+  std::shared_ptr<detail::MappedFile> map_;
+  size_t data_offset_ = 0;
+  std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// Writes `tensors` (any device; stored as contiguous CPU bytes) and string `metadata` to `path`
+/// atomically: a temporary file in the same directory, then rename. Throws Error on I/O failure.
+inline void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                             const std::map<std::string, std::string>& metadata = {}) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> bufs;
+  bufs.reserve(tensors.size());
+  size_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    HYBRIDRL_CHECK(t.defined(), fmt::format("save_safetensors('{}'): tensor '{}' is undefined", path, name),
+                   "pass only defined tensors");
+    auto c = t.detach().to(at::kCPU).contiguous();
+    const auto bytes = static_cast<size_t>(c.numel()) * c.element_size();
+    header[name] = {{"dtype", detail::safetensors_dtype_name(c.scalar_type(), name)},
+                    {"shape", c.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    bufs.push_back(std::move(c));
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+  const auto tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  HYBRIDRL_CHECK(f != nullptr, fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)),
+                 "check that the directory exists and is writable");
+  bool ok = true;
+  uint8_t len[8];
+  const uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  ok = ok && std::fwrite(len, 1, 8, f) == 8;
+  ok = ok && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  for (const auto& c : bufs) {
+    const auto bytes = static_cast<size_t>(c.numel()) * c.element_size();
+    if (bytes > 0) ok = ok && std::fwrite(c.data_ptr(), 1, bytes, f) == bytes;
+  }
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (::fsync(::fileno(f)) == 0) && ok;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("writing '{}' failed: {}", path, std::strerror(errno)),
+                "check free disk space and permissions");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)),
+                "check permissions of the target directory");
+  }
+}
+
+/// Reads every tensor of a safetensors file into owned CPU tensors (for small files; models are
+/// loaded through SafetensorsFile without the extra copy).
+inline std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {
+  SafetensorsFile file(path);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& name : file.names()) out.emplace(name, file.get(name).clone());
+  return out;
+}
+
+}  // namespace hybridrl

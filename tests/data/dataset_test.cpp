@@ -1,0 +1,144 @@
+// Datasets from JSONL: fields, tokenisation, and every malformed-line case (raise with file and
+// line; skip and count).
+#include <doctest/doctest.h>
+
+#include <sstream>
+#include <string>
+
+#include "hybridrl/data/dataset.hpp"
+
+using namespace hybridrl;
+
+namespace {
+
+const std::string kFixtures = std::string(HYBRIDRL_FIXTURES_DIR) + "/data/";
+
+// Runs a one-shot parse of `text` and returns the Error's problem() (empty if none was thrown).
+template <class D>
+std::string error_of(const std::string& text, DatasetOptions o = {}) {
+  std::istringstream in(text);
+  try {
+    (void)D::from_stream(in, "mem.jsonl", ByteTokenizer{}, o);
+  } catch (const Error& e) {
+    return e.problem();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_SUITE("data/dataset") {
+  TEST_CASE("prompts: fields, tokens, uid and extra fields are kept") {
+    auto d = PromptDataset::from_jsonl(kFixtures + "prompts.jsonl", ByteTokenizer{});
+    REQUIRE(d.size() == 3);
+    // "What is 2+3?" is 12 bytes; BOS (257) comes first.
+    CHECK(d[0].prompt_ids.size() == 13);
+    CHECK(d[0].prompt_ids[0] == ByteTokenizer::kBos);
+    CHECK(d[0].prompt_ids[1] == 'W');
+    CHECK(d.unit_length(0) == 13);
+    CHECK(d[0].data_source == "arith");
+    CHECK(d[0].record["level"] == 1);
+    CHECK(d[0].uid == "prompts:1");
+    // line 2: numeric answer accepted, data_source defaults to the file stem
+    CHECK(d[1].record["answer"] == 42);
+    CHECK(d[1].data_source == "prompts");
+    // the blank line 3 is skipped silently but counted; line 4 has its own uid
+    CHECK(d[2].uid == "custom-7");
+    CHECK(d.statistics().lines == 4);
+    CHECK(d.statistics().blank_lines == 1);
+    CHECK(d.statistics().samples == 3);
+    CHECK(d.statistics().tokens == 13 + 15 + 7);
+    CHECK(d.longest_sequence() == 15);
+  }
+
+  TEST_CASE("preference pairs: prompt shared, EOS appended, lengths") {
+    auto d = PreferenceDataset::from_jsonl(kFixtures + "pairs.jsonl", ByteTokenizer{});
+    REQUIRE(d.size() == 2);
+    // BOS Q 1 | g o o d EOS
+    CHECK(d[0].prompt_length == 3);
+    CHECK(d[0].chosen_ids == std::vector<int64_t>{257, 'Q', '1', 'g', 'o', 'o', 'd', 258});
+    CHECK(d[0].rejected_ids == std::vector<int64_t>{257, 'Q', '1', 'b', 'a', 'd', '!', 258});
+    CHECK(d.unit_length(1) == 1 + 10 + 3 + 1);  // BOS "Question 2" "yes" EOS
+    CHECK(d[1].data_source == "hh");
+  }
+
+  TEST_CASE("labelled completions: label must be a boolean") {
+    std::string problem;
+    try {
+      (void)LabelledDataset::from_jsonl(kFixtures + "labelled.jsonl", ByteTokenizer{});
+    } catch (const Error& e) {
+      problem = e.problem();
+    }
+    CHECK(problem.find("labelled.jsonl:3") != std::string::npos);
+    CHECK(problem.find("label") != std::string::npos);
+    CHECK(problem.find("wrong_type") != std::string::npos);
+
+    auto d = LabelledDataset::from_jsonl(kFixtures + "labelled.jsonl", ByteTokenizer{},
+                                         DatasetOptions{}.on_error(OnError::skip));
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].label);
+    CHECK_FALSE(d[1].label);
+    CHECK(d[0].ids == std::vector<int64_t>{257, 'A', 'x', 'y', 258});
+    CHECK(d[1].completion_ids == std::vector<int64_t>{'z', 258});
+    // KL pairs may join the longest prompt (BOS BB = 3) with the longest completion (xy EOS = 3)
+    CHECK(d.longest_sequence() == 6);
+    CHECK(d.statistics().skipped_for(LineError::wrong_type) == 1);
+  }
+
+  TEST_CASE("each malformed line raises with file and line number") {
+    const std::string ok = "{\"prompt\": \"fine\"}\n";
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \"x\"").find("mem.jsonl:2: bad JSON") == 0);
+    CHECK(error_of<PromptDataset>(ok + ok + "[1, 2]").find("mem.jsonl:3: the line is a JSON array") == 0);
+    CHECK(error_of<PromptDataset>(ok + "{\"answer\": \"5\"}").find("mem.jsonl:2: missing field \"prompt\" (missing_field)") == 0);
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": 3}").find("mem.jsonl:2: field \"prompt\" is number, expected a string (wrong_type)") == 0);
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \"a\", \"answer\": [1]}").find("mem.jsonl:2: field \"answer\" is array") == 0);
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \"a\", \"data_source\": 1}").find("(wrong_type)") != std::string::npos);
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \"\"}").find("mem.jsonl:2: field \"prompt\" is empty (empty_text)") == 0);
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \" \\t \"}").find("(empty_text)") != std::string::npos);
+    // "fine" = 5 tokens with BOS; "too long" = 9 > 8
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \"too long\"}", DatasetOptions{}.max_prompt_length(8))
+              .find("mem.jsonl:2: the prompt is 9 tokens, longer than max_prompt_length = 8 (too_long)") == 0);
+    CHECK(error_of<PromptDataset>(ok + "{\"prompt\": \"12345678\"}", DatasetOptions{}.max_prompt_length(9)).empty());
+    CHECK(error_of<PreferenceDataset>("{\"prompt\": \"p\", \"chosen\": \"c\"}").find("mem.jsonl:1: missing field \"rejected\"") == 0);
+    CHECK(error_of<PreferenceDataset>("{\"prompt\": \"p\", \"chosen\": \"\", \"rejected\": \"r\"}").find("(empty_text)") != std::string::npos);
+    // prompt + chosen = BOS p | c c c EOS = 6 > 5
+    CHECK(error_of<PreferenceDataset>("{\"prompt\": \"p\", \"chosen\": \"ccc\", \"rejected\": \"r\"}", DatasetOptions{}.max_length(5))
+              .find("mem.jsonl:1: prompt + chosen is 6 tokens, longer than max_length = 5") == 0);
+    CHECK(error_of<LabelledDataset>("{\"prompt\": \"p\", \"completion\": \"c\"}").find("missing field \"label\"") != std::string::npos);
+    CHECK(error_of<LabelledDataset>("{\"prompt\": \"p\", \"completion\": \"c\", \"label\": 1}").find("expected true or false") != std::string::npos);
+  }
+
+  TEST_CASE("skip mode: every malformed line is skipped and counted by reason") {
+    auto d = PromptDataset::from_jsonl(kFixtures + "prompts_bad.jsonl", ByteTokenizer{},
+                                       DatasetOptions{}.on_error(OnError::skip).max_prompt_length(20));
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].uid == "prompts_bad:1");
+    CHECK(d[1].uid == "prompts_bad:7");
+    const auto& s = d.statistics();
+    CHECK(s.lines == 7);
+    CHECK(s.skipped_for(LineError::bad_json) == 1);
+    CHECK(s.skipped_for(LineError::missing_field) == 1);
+    CHECK(s.skipped_for(LineError::wrong_type) == 1);
+    CHECK(s.skipped_for(LineError::empty_text) == 1);
+    CHECK(s.skipped_for(LineError::too_long) == 1);
+    CHECK(s.skipped_total() == 5);
+    REQUIRE(s.first_skips.size() == 5);
+    CHECK(s.first_skips[0].find("prompts_bad.jsonl:2:") != std::string::npos);
+    CHECK(s.first_skips[4].find("prompts_bad.jsonl:6:") != std::string::npos);
+    CHECK(s.to_json()["skipped_too_long"] == 1);
+    // raise mode stops at the first bad line (line 2)
+    std::string problem;
+    try {
+      (void)PromptDataset::from_jsonl(kFixtures + "prompts_bad.jsonl", ByteTokenizer{});
+    } catch (const Error& e) {
+      problem = e.problem();
+    }
+    CHECK(problem.find("prompts_bad.jsonl:2: bad JSON") != std::string::npos);
+  }
+
+  TEST_CASE("missing file and bad options are errors") {
+    CHECK_THROWS_AS((void)PromptDataset::from_jsonl(kFixtures + "nope.jsonl", ByteTokenizer{}), Error);
+    CHECK_THROWS_AS(DatasetOptions{}.max_length(-1).validate(), Error);
+    CHECK_THROWS_AS(DatasetOptions{}.max_length(4).max_prompt_length(8).validate(), Error);
+  }
+}

@@ -1,0 +1,390 @@
+// Loader<Bucketed> and Loader<Packed>: batch contents by hand, packed layout, determinism, exact
+// resume through JSON (including at epoch boundaries), prefetch errors and shutdown, option errors.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <map>
+#include <ostream>
+#include <chrono>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hybridrl/data/data.hpp"
+
+using namespace hybridrl;
+
+namespace {
+
+template <class D>
+D from_text(const std::string& text, DatasetOptions o = {}) {
+  std::istringstream in(text);
+  return D::from_stream(in, "mem.jsonl", ByteTokenizer{}, o);
+}
+
+// n prompts of pseudo-random lengths 1..max_len bytes, uid "u<i>".
+std::string prompt_lines(int n, int max_len, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> d(1, max_len);
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    out += "{\"prompt\": \"" + std::string(static_cast<size_t>(d(g)), 'x') + "\", \"uid\": \"u" +
+           std::to_string(i) + "\"}\n";
+  }
+  return out;
+}
+
+std::string pair_lines(int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> d(1, 12);
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    out += "{\"prompt\": \"" + std::string(static_cast<size_t>(d(g)), 'p') + "\", \"chosen\": \"" +
+           std::string(static_cast<size_t>(d(g)), 'c') + "\", \"rejected\": \"" +
+           std::string(static_cast<size_t>(d(g)), 'r') + "\", \"uid\": \"u" + std::to_string(i) +
+           "\"}\n";
+  }
+  return out;
+}
+
+// A batch reduced to comparable values: its uids and its input ids.
+struct Fingerprint {
+  nlohmann::json uids;
+  std::vector<int64_t> ids;
+  nlohmann::json meta;
+  bool operator==(const Fingerprint&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& os, const Fingerprint& f) {
+  return os << "batch " << f.meta.dump() << " uids " << f.uids.dump();
+}
+
+Fingerprint fingerprint(const TensorBatch& b, const std::string& ids_key) {
+  auto t = b.tensor(ids_key).contiguous();
+  return {nlohmann::json(b.column("uid")),
+          std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()), b.meta()};
+}
+
+template <class L>
+std::vector<Fingerprint> drain(L& loader, const std::string& ids_key, int64_t limit = 1 << 30) {
+  std::vector<Fingerprint> out;
+  for (int64_t i = 0; i < limit; ++i) {
+    auto b = loader.next();
+    if (!b) break;
+    out.push_back(fingerprint(*b, ids_key));
+  }
+  return out;
+}
+
+std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
+  auto row = t[r].contiguous();
+  return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
+}
+
+// Runs `loader_factory(state)` uninterrupted, then split at every batch k: k batches, save the
+// state through a JSON string, resume a new loader and check it yields exactly the rest.
+template <class Make>
+void check_resume_everywhere(Make make, const std::string& ids_key, int64_t expected_total) {
+  auto full_loader = make(std::nullopt);
+  const auto full = drain(full_loader, ids_key);
+  REQUIRE(static_cast<int64_t>(full.size()) == expected_total);
+  for (int64_t k = 0; k <= expected_total; ++k) {
+    auto first = make(std::nullopt);
+    auto head = drain(first, ids_key, k);
+    REQUIRE(static_cast<int64_t>(head.size()) == k);
+    const std::string saved = nlohmann::json(first.state()).dump();
+    auto resumed = make(nlohmann::json::parse(saved).get<LoaderState>());
+    auto tail = drain(resumed, ids_key);
+    REQUIRE(static_cast<int64_t>(tail.size()) == expected_total - k);
+    for (size_t i = 0; i < tail.size(); ++i) {
+      CHECK_MESSAGE(tail[i] == full[static_cast<size_t>(k) + i], "split at ", k, ", batch ", i);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("data/loader") {
+  TEST_CASE("Bucketed prompt batch by hand: left padding, positions, columns") {
+    auto d = from_text<PromptDataset>(
+        "{\"prompt\": \"a\", \"answer\": \"1\", \"topic\": \"t\"}\n{\"prompt\": \"abc\", \"data_source\": \"s\"}\n");
+    auto loader = Loader<Bucketed>::make(std::move(d), BucketedOptions{}.batch_size(2).shuffle(false));
+    auto b = loader.next();
+    REQUIRE(b);
+    // sorted longest first: "abc" (4 tokens with BOS), then "a" (2 tokens)
+    const int64_t pad = ByteTokenizer::kPad, bos = ByteTokenizer::kBos;
+    CHECK(row_of(b->tensor("input_ids"), 0) == std::vector<int64_t>{bos, 'a', 'b', 'c'});
+    CHECK(row_of(b->tensor("input_ids"), 1) == std::vector<int64_t>{pad, pad, bos, 'a'});
+    CHECK(row_of(b->tensor("attention_mask"), 1) == std::vector<int64_t>{0, 0, 1, 1});
+    CHECK(row_of(b->tensor("position_ids"), 0) == std::vector<int64_t>{0, 1, 2, 3});
+    CHECK(row_of(b->tensor("position_ids"), 1) == std::vector<int64_t>{0, 0, 0, 1});
+    CHECK(b->column("prompt") == Column{"abc", "a"});
+    CHECK(b->column("answer") == Column{nullptr, "1"});
+    CHECK(b->column("data_source") == Column{"s", "mem"});
+    CHECK(b->column("uid") == Column{"mem:2", "mem:1"});
+    CHECK(b->column("extra")[1] == nlohmann::json{{"topic", "t"}});
+    CHECK(b->meta()["num_tokens"] == 6);
+    CHECK(b->meta()["padded_tokens"] == 8);
+    CHECK(b->meta()["epoch_end"] == true);
+    CHECK_FALSE(loader.next());
+    CHECK(loader.state().epoch == 1);
+    CHECK(loader.state().batch_in_epoch == 0);
+    CHECK(loader.statistics().padding_waste() == doctest::Approx(0.25));
+  }
+
+  TEST_CASE("Bucketed DPO and KTO batches keep pairs together") {
+    auto pairs = from_text<PreferenceDataset>(
+        "{\"prompt\": \"p\", \"chosen\": \"cc\", \"rejected\": \"r\"}\n");
+    auto lp = Loader<Bucketed>::make(std::move(pairs), BucketedOptions{}.prefetch_factor(0));
+    auto b = lp.next();
+    REQUIRE(b);
+    const int64_t pad = ByteTokenizer::kPad, bos = ByteTokenizer::kBos, eos = ByteTokenizer::kEos;
+    CHECK(row_of(b->tensor("chosen_input_ids"), 0) == std::vector<int64_t>{bos, 'p', 'c', 'c', eos});
+    CHECK(row_of(b->tensor("rejected_input_ids"), 0) == std::vector<int64_t>{bos, 'p', 'r', eos, pad});
+    CHECK(row_of(b->tensor("chosen_loss_mask"), 0) == std::vector<int64_t>{0, 0, 1, 1, 1});
+    CHECK(row_of(b->tensor("rejected_loss_mask"), 0) == std::vector<int64_t>{0, 0, 1, 1, 0});
+    CHECK(b->column("chosen") == Column{"cc"});
+
+    auto kto = from_text<LabelledDataset>(
+        "{\"prompt\": \"a\", \"completion\": \"xx\", \"label\": true}\n"
+        "{\"prompt\": \"bb\", \"completion\": \"y\", \"label\": false}\n");
+    auto lk = Loader<Bucketed>::make(std::move(kto), BucketedOptions{}.batch_size(2).shuffle(false));
+    b = lk.next();
+    REQUIRE(b);
+    // both units are 5 tokens; stable order keeps [0, 1]; KL pairs: a+y, bb+xx
+    CHECK(row_of(b->tensor("input_ids"), 0) == std::vector<int64_t>{bos, 'a', 'x', 'x', eos, pad});
+    CHECK(row_of(b->tensor("kl_input_ids"), 0) == std::vector<int64_t>{bos, 'a', 'y', eos, pad, pad});
+    CHECK(row_of(b->tensor("kl_input_ids"), 1) == std::vector<int64_t>{bos, 'b', 'b', 'x', 'x', eos});
+    CHECK(row_of(b->tensor("kl_loss_mask"), 1) == std::vector<int64_t>{0, 0, 0, 1, 1, 1});
+    CHECK(b->tensor("label").equal(at::tensor({1, 0}, at::kByte).to(at::kBool)));
+  }
+
+  TEST_CASE("Packed DPO: positions restart, cu_seqlens, masks; sequences reconstruct exactly") {
+    auto data = std::make_shared<const PreferenceDataset>(from_text<PreferenceDataset>(pair_lines(40, 1)));
+    auto loader = Loader<Packed>::make(data, PackedOptions{}.batch_size(8).row_length(32).seed(3));
+    int64_t batches = 0, units = 0;
+    while (auto b = loader.next()) {
+      ++batches;
+      const auto& ids = b->tensor("input_ids");
+      const auto rows = ids.size(0);
+      const auto& meta = b->meta();
+      const auto n_seq = meta["sequence_unit"].size();
+      std::vector<std::vector<int64_t>> rebuilt(n_seq);
+      std::vector<int64_t> loss_tokens(n_seq, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto tok = row_of(ids, r), pos = row_of(b->tensor("position_ids"), r),
+                   seg = row_of(b->tensor("segment_ids"), r), loss = row_of(b->tensor("loss_mask"), r),
+                   mask = row_of(b->tensor("attention_mask"), r);
+        auto cu = b->tensor("cu_seqlens")[r].to(at::kLong).contiguous();
+        std::vector<int64_t> bounds(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+        int64_t k = 0;
+        for (int64_t t = 0; t < 32; ++t) {
+          if (seg[static_cast<size_t>(t)] < 0) {
+            CHECK(mask[static_cast<size_t>(t)] == 0);
+            continue;
+          }
+          auto& s = rebuilt[static_cast<size_t>(seg[static_cast<size_t>(t)])];
+          if (s.empty()) {
+            CHECK(bounds[static_cast<size_t>(k)] == t);  // a sequence starts at its boundary
+            ++k;
+          }
+          CHECK(pos[static_cast<size_t>(t)] == static_cast<int64_t>(s.size()));  // restarts at 0
+          s.push_back(tok[static_cast<size_t>(t)]);
+          loss_tokens[static_cast<size_t>(seg[static_cast<size_t>(t)])] += loss[static_cast<size_t>(t)];
+        }
+        const auto used = std::count_if(mask.begin(), mask.end(), [](int64_t m) { return m == 1; });
+        CHECK(bounds.back() == used);
+      }
+      // each pair's chosen and rejected sequence is in this batch, token for token
+      const auto uids = b->column("uid");
+      std::map<int64_t, std::string> uid_of_unit;
+      for (int64_t r = 0; r < rows; ++r) {
+        auto segs = row_of(b->tensor("segment_ids"), r);
+        std::set<int64_t> in_row(segs.begin(), segs.end());
+        in_row.erase(-1);
+        size_t j = 0;
+        for (auto si : in_row) {
+          uid_of_unit[meta["sequence_unit"][static_cast<size_t>(si)].get<int64_t>()] =
+              uids[static_cast<size_t>(r)][j++].get<std::string>();
+        }
+      }
+      CHECK(static_cast<int64_t>(uid_of_unit.size()) == meta["num_units"].get<int64_t>());
+      for (size_t si = 0; si < n_seq; ++si) {
+        const auto unit = meta["sequence_unit"][si].get<int64_t>();
+        const auto index = std::stoll(uid_of_unit[unit].substr(1));
+        const auto& sample = (*data)[index];
+        const bool chosen = meta["sequence_role"][si] == "chosen";
+        const auto& want = chosen ? sample.chosen_ids : sample.rejected_ids;
+        CHECK(rebuilt[si] == want);
+        CHECK(loss_tokens[si] == static_cast<int64_t>(want.size()) - sample.prompt_length);
+      }
+      units += meta["num_units"].get<int64_t>();
+    }
+    CHECK(batches == 5);
+    CHECK(units == 40);
+    CHECK(loader.statistics().padding_waste() < 0.5);
+  }
+
+  TEST_CASE("each unit exactly once per epoch; seeded order differs per epoch and per seed") {
+    auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(50, 30, 2)));
+    auto opts = BucketedOptions{}.batch_size(4).window_batches(3).epochs(2).seed(9);
+    auto a = Loader<Bucketed>::make(data, opts);
+    auto b = Loader<Bucketed>::make(data, opts);
+    auto c = Loader<Bucketed>::make(data, BucketedOptions(opts).seed(10));
+    auto fa = drain(a, "input_ids"), fb = drain(b, "input_ids"), fc = drain(c, "input_ids");
+    CHECK(fa == fb);
+    CHECK(fa != fc);
+    REQUIRE(fa.size() == 26);  // 13 batches per epoch
+    std::vector<std::string> e0, e1;
+    for (const auto& f : fa) {
+      for (const auto& u : f.uids) (f.meta["epoch"] == 0 ? e0 : e1).push_back(u.get<std::string>());
+    }
+    CHECK(e0 != e1);
+    std::sort(e0.begin(), e0.end());
+    std::sort(e1.begin(), e1.end());
+    CHECK(e0 == e1);
+    CHECK(std::adjacent_find(e0.begin(), e0.end()) == e0.end());
+    CHECK(e0.size() == 50);
+  }
+
+  TEST_CASE("resume through JSON at every position yields the same batches (Bucketed, budget)") {
+    auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(30, 40, 4)));
+    auto opts = BucketedOptions{}.batch_size(8).max_tokens_per_batch(120).window_batches(2).epochs(3).seed(5);
+    auto first = Loader<Bucketed>::make(data, opts);
+    const int64_t total = first.batches_in_epoch(0) + first.batches_in_epoch(1) + first.batches_in_epoch(2);
+    check_resume_everywhere(
+        [&](std::optional<LoaderState> s) { return Loader<Bucketed>::make(data, opts, s); },
+        "input_ids", total);
+  }
+
+  TEST_CASE("resume at an epoch boundary starts the next epoch, nothing skipped (Packed, prefetch)") {
+    auto data = std::make_shared<const PreferenceDataset>(from_text<PreferenceDataset>(pair_lines(12, 7)));
+    auto opts = PackedOptions{}.batch_size(4).row_length(40).epochs(3).seed(1).prefetch_factor(3);
+    auto loader = Loader<Packed>::make(data, opts);
+    for (int i = 0; i < 3; ++i) REQUIRE(loader.next());
+    const auto s = loader.state();
+    CHECK(s.epoch == 1);
+    CHECK(s.batch_in_epoch == 0);
+    const auto j = nlohmann::json(s);
+    CHECK(j == nlohmann::json{{"seed", 1}, {"epoch", 1}, {"batch_in_epoch", 0}, {"dataset_size", 12},
+                              {"loader", "Packed"}});
+    // an "exhausted epoch 0" state written by someone else is read as the start of epoch 1
+    auto exhausted = s;
+    exhausted.epoch = 0;
+    exhausted.batch_in_epoch = 3;
+    auto resumed = Loader<Packed>::make(data, opts, exhausted);
+    auto rest = drain(resumed, "input_ids");
+    CHECK(rest.size() == 6);
+    CHECK(rest.front().meta["epoch"] == 1);
+    check_resume_everywhere(
+        [&](std::optional<LoaderState> st) { return Loader<Packed>::make(data, opts, st); },
+        "input_ids", 9);
+  }
+
+  TEST_CASE("endless epochs and a resumed state that does not match are errors") {
+    auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(5, 10, 1)));
+    auto endless = Loader<Bucketed>::make(data, BucketedOptions{}.batch_size(2).epochs(0));
+    for (int i = 0; i < 20; ++i) REQUIRE(endless.next());
+    CHECK(endless.state().epoch == 6);
+    CHECK(endless.state().batch_in_epoch == 2);
+    auto opts = BucketedOptions{}.batch_size(2);
+    LoaderState s{0, 0, 1, 5, "Bucketed"};
+    CHECK_NOTHROW((void)Loader<Bucketed>::make(data, opts, s));
+    CHECK_THROWS_WITH_AS((void)Loader<Bucketed>::make(data, BucketedOptions(opts).seed(1), s),
+                         doctest::Contains("seed 0 but loader.seed = 1"), Error);
+    CHECK_THROWS_AS((void)Loader<Packed>::make(data, PackedOptions{}, s), Error);
+    CHECK_THROWS_AS((void)Loader<Bucketed>::make(data, opts, LoaderState{0, 0, 1, 6, "Bucketed"}), Error);
+    CHECK_THROWS_AS((void)Loader<Bucketed>::make(data, opts, LoaderState{0, 0, 4, 5, "Bucketed"}), Error);
+    const nlohmann::json incomplete = {{"epoch", 1}};
+    CHECK_THROWS_AS((void)incomplete.get<LoaderState>(), Error);
+  }
+
+  TEST_CASE("bad options fail before any work") {
+    auto pairs = std::make_shared<const PreferenceDataset>(from_text<PreferenceDataset>(
+        "{\"prompt\": \"pppp\", \"chosen\": \"cccc\", \"rejected\": \"r\"}\n"));  // longest 10
+    CHECK_THROWS_WITH_AS((void)Loader<Packed>::make(pairs, PackedOptions{}.row_length(9)),
+                         doctest::Contains("row_length = 9 is shorter than the longest sequence of "
+                                           "the dataset (10 tokens)"),
+                         Error);
+    CHECK_NOTHROW((void)Loader<Packed>::make(pairs, PackedOptions{}.row_length(10)));
+    CHECK_THROWS_WITH_AS((void)Loader<Bucketed>::make(pairs, BucketedOptions{}.max_tokens_per_batch(19)),
+                         doctest::Contains("10 tokens × 2 sequence(s) = 20"), Error);
+    CHECK_THROWS_AS((void)Loader<Bucketed>::make(pairs, BucketedOptions{}.batch_size(0)), Error);
+    CHECK_THROWS_AS((void)Loader<Packed>::make(pairs, PackedOptions{}.batch_size(0)), Error);
+    CHECK_THROWS_AS((void)Loader<Bucketed>::make(pairs, BucketedOptions{}.prefetch_factor(-1)), Error);
+    CHECK_THROWS_AS((void)Loader<Bucketed>::make(pairs, BucketedOptions{}.batch_size(2).drop_last(true)), Error);
+    // a KL pair can join the longest prompt with the longest completion: 3 + 3 = 6 > 5
+    auto kto = std::make_shared<const LabelledDataset>(from_text<LabelledDataset>(
+        "{\"prompt\": \"aa\", \"completion\": \"x\", \"label\": true}\n"
+        "{\"prompt\": \"b\", \"completion\": \"yy\", \"label\": false}\n"));
+    CHECK_THROWS_AS((void)Loader<Packed>::make(kto, PackedOptions{}.row_length(5)), Error);
+    CHECK_NOTHROW((void)Loader<Packed>::make(kto, PackedOptions{}.row_length(6)));
+  }
+
+  TEST_CASE("skipped lines show in the loader's statistics") {
+    auto d = from_text<PromptDataset>("{\"prompt\": \"ok\"}\n{bad\n{\"prompt\": \"\"}\n",
+                                      DatasetOptions{}.on_error(OnError::skip));
+    auto loader = Loader<Bucketed>::make(std::move(d), BucketedOptions{});
+    (void)loader.next();
+    const auto s = loader.statistics();
+    CHECK(s.data.skipped_for(LineError::bad_json) == 1);
+    CHECK(s.data.skipped_for(LineError::empty_text) == 1);
+    CHECK(s.batches == 1);
+    CHECK(s.units == 1);
+    CHECK(s.to_json()["data"]["skipped"] == 2);
+  }
+
+  TEST_CASE("prefetch: worker exceptions reach the caller after earlier items") {
+    int produced = 0;
+    Prefetcher<int> p(
+        [&]() -> std::optional<int> {
+          if (produced == 3) throw std::runtime_error("boom in worker");
+          return produced++;
+        },
+        2);
+    CHECK(p.next() == 0);
+    CHECK(p.next() == 1);
+    CHECK(p.next() == 2);
+    CHECK_THROWS_WITH_AS(p.next(), "boom in worker", std::runtime_error);
+    CHECK_THROWS_AS(p.next(), std::runtime_error);
+  }
+
+  TEST_CASE("prefetch: early stop with a full queue and an endless producer does not hang") {
+    std::atomic<int> calls{0};
+    {
+      Prefetcher<int> p([&]() -> std::optional<int> { return calls++; }, 3);
+      CHECK(p.next() == 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // the worker is now blocked on the full queue; the destructor must wake and join it
+    }
+    CHECK(calls.load() <= 5);
+    // and a loader dropped mid-epoch with prefetch on
+    auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(100, 20, 3)));
+    {
+      auto loader = Loader<Bucketed>::make(data, BucketedOptions{}.batch_size(2).epochs(0).prefetch_factor(4));
+      REQUIRE(loader.next());
+    }
+    // a Prefetcher that ends normally returns nullopt, repeatedly
+    int k = 0;
+    Prefetcher<int> q([&]() -> std::optional<int> { return k < 2 ? std::optional<int>(k++) : std::nullopt; }, 1);
+    CHECK(q.next() == 0);
+    CHECK(q.next() == 1);
+    CHECK_FALSE(q.next());
+    CHECK_FALSE(q.next());
+  }
+
+  TEST_CASE("prefetch: a consumer slower than the producer never waits after warm-up") {
+    Prefetcher<int> p([n = 0]() mutable -> std::optional<int> { return n < 40 ? std::optional<int>(n++) : std::nullopt; }, 2);
+    int got = 0;
+    while (auto v = p.next()) {
+      CHECK(*v == got++);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    CHECK(got == 40);
+    CHECK(p.waits() == 0);
+  }
+}
