@@ -153,7 +153,7 @@ struct Algorithm<KTO> {
 
   /// KTO loss of one micro-batch, with reward and KL metrics.
   static LossOutput loss(const TensorBatch& batch, const options_type& o, const LossScale& scale) {
-    kto_mismatched_index(batch.size());  // the batch-size check, before any work
+    (void)kto_mismatched_index(batch.size());  // the batch-size check, before any work
     const auto& policy = batch.tensor("log_probs_sum");
     at::Tensor z0 = batch.meta().contains("kto_z0")
                         ? at::scalar_tensor(batch.meta()["kto_z0"].get<double>(), policy.options())

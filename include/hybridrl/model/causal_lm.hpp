@@ -256,7 +256,8 @@ inline TokenLogProbs chunked_log_probs(const at::Tensor& hidden, const at::Tenso
     const auto n = std::min(o.chunk_size(), T - t0);
     auto lab = labels.narrow(1, t0, n).to(hidden.device()).to(at::kLong).unsqueeze(-1);
     auto fn = [weight, lab, temp, ent](const at::Tensor& h) {
-      auto logits = at::linear(h, weight).to(at::kFloat);
+      auto logits = at::linear(h, weight);
+      logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));  // fp32 at least
       if (temp != 1.0) logits = logits / temp;
       auto logp = at::log_softmax(logits, -1);
       auto out = logp.gather(-1, lab);
@@ -349,7 +350,9 @@ class CausalLMImpl : public torch::nn::Module {
       auto& vc = cache.values[static_cast<size_t>(layer)];
       kc.narrow(2, L0, n).copy_(k);
       vc.narrow(2, L0, n).copy_(v);
-      return decoder->layer(layer)->self_attn->attend(q, kc.narrow(2, 0, Tk), vc.narrow(2, 0, Tk), mask, false);
+      // mask is undefined only for a prefill from position 0: plain causal then
+      return decoder->layer(layer)->self_attn->attend(q, kc.narrow(2, 0, Tk), vc.narrow(2, 0, Tk), mask,
+                                                      !mask.defined());
     };
     auto out = forward_with_attention(input_ids, pos, fn);
     cache.length = Tk;

@@ -186,8 +186,11 @@ class Trainer {
                 "hybridrl: the Sharding policy must provide `tag`, `options_type`, `name` and "
                 "`static constexpr WeightLayout rollout_layout`.");
   static_assert(detail::axis_ok<loader, is_loader_v<loader>, loader_policy<loader>>(),
-                "hybridrl: the Loader policy must provide `tag`, `options_type`, `name` and "
-                "`static constexpr bool packs_sequences`.");
+                "hybridrl: the Loader policy must provide `tag`, `options_type` (with seed(), "
+                "epochs(), prefetch_factor()), `name`, `static constexpr bool packs_sequences`, "
+                "`static std::vector<std::vector<int64_t>> plan_epoch(const std::vector<int64_t>&, "
+                "int64_t, const options_type&, int64_t)` and `static void check_data(int64_t, "
+                "int64_t, DataKind, const options_type&)`. See docs/data.md.");
 
   // ---- rule (b): online algorithms need a Rollout, offline ones take none ----
   static_assert(detail::online_has_rollout<algorithm, rollout>(),
