@@ -159,7 +159,7 @@ TEST_SUITE("algorithm/invariance") {
       auto [ref_loss, ref_grad] = reference(c.hook);
       std::vector<double> losses(2);
       std::vector<at::Tensor> grads(2);
-      testing::run_ranks(2, [&](int rank, c10d::ProcessGroupGloo& group) {
+      testing::run_ranks(2, [&](int rank, hybridrl::testing::TestGroup& group) {
         auto w = w0().set_requires_grad(true);
         auto shard = make_batch(w).chunk(2)[static_cast<size_t>(rank)];
         auto loss = at::zeros({}, at::kDouble);
@@ -183,7 +183,7 @@ TEST_SUITE("algorithm/invariance") {
     // rank 1 alone would give 0, rank 0 alone 0.3: only the group mean is correct.
     for (double shift : {0.0, 0.2}) {
       std::vector<double> z0(2), loss(2);
-      testing::run_ranks(2, [&](int rank, c10d::ProcessGroupGloo& group) {
+      testing::run_ranks(2, [&](int rank, hybridrl::testing::TestGroup& group) {
         auto klp = rank == 0 ? at::tensor(std::vector<double>{0.4, 0.2})
                              : at::tensor(std::vector<double>{-0.5, -0.3});
         klp = klp + shift;
