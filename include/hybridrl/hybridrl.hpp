@@ -12,4 +12,5 @@
 #include "hybridrl/sharding/sharding.hpp"
 #include "hybridrl/rollout/rollout.hpp"
 #include "hybridrl/data/data.hpp"
+#include "hybridrl/model/model.hpp"
 #include "hybridrl/trainer/trainer.hpp"

@@ -144,6 +144,34 @@ TEST_SUITE("model/pretrained") {
     CHECK(qwen.num_key_value_heads == 2);
   }
 
+  TEST_CASE("config: transformers 4.x spelling (rope_theta + rope_scaling) reads and writes back") {
+    auto j = nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+      "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "num_key_value_heads": 1, "rope_theta": 500000.0,
+      "rope_scaling": {"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192},
+      "torch_dtype": "bfloat16", "tie_word_embeddings": true, "custom_field": 7})");
+    auto c = config_from_json(j);
+    CHECK(c.rope_theta == 500000.0);
+    CHECK(c.rope_scaling.type == "llama3");
+    CHECK(c.rope_scaling.factor == 32.0);
+    CHECK(c.head_dim == 8);
+    CHECK(c.dtype == "bfloat16");
+    auto out = config_to_json(c);
+    CHECK(out["rope_theta"] == 500000.0);
+    CHECK(out["rope_scaling"]["rope_type"] == "llama3");
+    CHECK_FALSE(out.contains("rope_parameters"));
+    CHECK(out["torch_dtype"] == "bfloat16");
+    CHECK(out["custom_field"] == 7);
+    auto again = config_from_json(out);
+    CHECK(again.rope_scaling.original_max_position_embeddings == 8192);
+    CHECK(again.tie_word_embeddings);
+    j["rope_scaling"]["type"] = "yarn";
+    CHECK(error_of([&] { config_from_json(j, "x/config.json"); }).find("rope type 'yarn'") != std::string::npos);
+    j.erase("hidden_size");
+    CHECK(error_of([&] { config_from_json(j, "x/config.json"); }).find("x/config.json") != std::string::npos);
+  }
+
   TEST_CASE("bf16 load: weights converted, logits close to fp32") {
     torch::NoGradGuard g;
     auto ref = load_safetensors(kModels + "/qwen2/hf_logits.safetensors");

@@ -12,6 +12,8 @@
 ///   for ProcessGroupNCCL.hpp when NCCL was found.
 /// - compat::cuda_memory(device): allocated / reserved / peak bytes of the caching allocator,
 ///   whose stats types moved namespaces between versions.
+/// - compat::AutocastGuard(device_type, dtype): RAII autocast on CUDA; the autocast calls became
+///   per-device-type in LibTorch 2.4.
 
 #include <ATen/ATen.h>
 #include <torch/version.h>

@@ -232,13 +232,16 @@ inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& ar
     rope["high_freq_factor"] = c.rope_scaling.high_freq_factor;
     rope["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings;
   }
-  // Both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta + rope_scaling.
-  j["rope_parameters"] = rope;
-  j["rope_theta"] = c.rope_theta;
-  if (c.rope_scaling.type == "default") {
-    j["rope_scaling"] = nullptr;
+  // Keep the spelling the checkpoint came with: transformers 5 writes rope_parameters, 4.x (and
+  // most published checkpoints) rope_theta + rope_scaling; transformers 5 reads both.
+  if (j.contains("rope_parameters")) {
+    j["rope_parameters"] = rope;
+    j.erase("rope_scaling");
+    j.erase("rope_theta");
   } else {
-    j["rope_scaling"] = rope;
+    rope.erase("rope_theta");
+    j["rope_theta"] = c.rope_theta;
+    j["rope_scaling"] = c.rope_scaling.type == "default" ? nlohmann::json(nullptr) : rope;
   }
   auto put_id = [&](const char* key, const std::optional<int64_t>& v) {
     j[key] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
@@ -247,8 +250,7 @@ inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& ar
   put_id("eos_token_id", c.eos_token_id);
   put_id("pad_token_id", c.pad_token_id);
   const auto d = dtype.empty() ? c.dtype : dtype;
-  j["dtype"] = d;
-  j["torch_dtype"] = d;
+  j[j.contains("torch_dtype") && !j.contains("dtype") ? "torch_dtype" : "dtype"] = d;
   return j;
 }
 
