@@ -1,6 +1,5 @@
 // Advantage estimators and KL: every expected value is computed here independently, by hand or
 // by a plain scalar loop over std::vector<double> that follows the paper / verl formula.
-#include <doctest/doctest.h>
 
 #include <hybridrl/algorithm/advantages.hpp>
 #include <hybridrl/algorithm/kl.hpp>
@@ -8,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <vector>
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

@@ -1,7 +1,6 @@
 // Losses: loss aggregation, PPO policy / value loss, DPO, KTO. Expected values by hand (the
 // arithmetic is written next to each check); gradients against central finite differences in
 // double precision.
-#include <doctest/doctest.h>
 
 #include <hybridrl/algorithm/aggregate.hpp>
 #include <hybridrl/algorithm/dpo.hpp>
@@ -11,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <vector>
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

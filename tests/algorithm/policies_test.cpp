@@ -1,7 +1,6 @@
 // The Algorithm policies: their hooks on hand-made batches, their options, their place in a
 // trainer type, and the aggregation invariance — one batch split into 1, 2 or 4 micro-batches, or
 // over 2 Gloo ranks, gives the same loss and the same parameter gradients.
-#include <doctest/doctest.h>
 
 #include <hybridrl/algorithm/algorithm.hpp>
 #include <hybridrl/trainer/trainer.hpp>
@@ -13,6 +12,7 @@
 #include <functional>
 #include <string>
 #include <vector>
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

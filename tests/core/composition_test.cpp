@@ -1,11 +1,11 @@
 // Policy axes, the cross-axis rules, batch geometry, options and device reporting.
 // (What must NOT compile is in tests/compile_fail/; here: what must compile and what must be false.)
-#include <doctest/doctest.h>
 
 #include <hybridrl/hybridrl.hpp>
 
 #include <sstream>
 #include <string>
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

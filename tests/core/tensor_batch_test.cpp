@@ -1,10 +1,10 @@
 // TensorBatch: every operation and its error cases, against values written out by hand.
-#include <doctest/doctest.h>
 
 #include <hybridrl/core/tensor_batch.hpp>
 
 #include <string>
 #include <vector>
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using hybridrl::Column;
 using hybridrl::Error;

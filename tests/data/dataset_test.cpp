@@ -1,11 +1,11 @@
 // Datasets from JSONL: fields, tokenisation, and every malformed-line case (raise with file and
 // line; skip and count).
-#include <doctest/doctest.h>
 
 #include <sstream>
 #include <string>
 
 #include "hybridrl/data/dataset.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

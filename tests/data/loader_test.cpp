@@ -1,6 +1,5 @@
 // Loader<Bucketed> and Loader<Packed>: batch contents by hand, packed layout, determinism, exact
 // resume through JSON (including at epoch boundaries), prefetch errors and shutdown, option errors.
-#include <doctest/doctest.h>
 
 #include <atomic>
 #include <map>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "hybridrl/data/data.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

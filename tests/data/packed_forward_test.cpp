@@ -1,6 +1,5 @@
 // Loader<Packed>'s layout fed to the model's packed forward gives the same per-sequence log-probs
 // as running each sequence alone (tiny random model, fixed seed).
-#include <doctest/doctest.h>
 
 #include <sstream>
 #include <string>
@@ -8,6 +7,7 @@
 
 #include "hybridrl/data/data.hpp"
 #include "hybridrl/model/causal_lm.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

@@ -1,6 +1,5 @@
 // Planning on lengths: packing (against brute force and the textbook first-fit), bucketing, and
 // rank balancing (against brute force and a hand-worked Karmarkar–Karp example).
-#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <functional>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "hybridrl/data/planning.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

@@ -9,6 +9,18 @@ endif()
 if(PREFIX_PATH)
   list(APPEND args "-DCMAKE_PREFIX_PATH=${PREFIX_PATH}")
 endif()
+# The dependencies the parent build found (a range-v3 outside the default prefixes, say) are
+# found the same way by the downstream project, as a user's own build would be told.
+string(REPLACE "|" ";" dep_dirs "${DEP_DIRS}")
+foreach(entry ${dep_dirs})
+  string(REGEX MATCH "^([^=]+)=(.*)$" _ "${entry}")
+  if(CMAKE_MATCH_2)
+    list(APPEND args "-D${CMAKE_MATCH_1}_DIR=${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+if(NCCL_ROOT)
+  list(APPEND args -DHYBRIDRL_NCCL_ROOT=${NCCL_ROOT})
+endif()
 if(MODE STREQUAL "installed")
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
     RESULT_VARIABLE rc)

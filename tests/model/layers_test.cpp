@@ -1,11 +1,11 @@
 // Model building blocks and forward modes, against hand computations and against each other.
-#include <doctest/doctest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <numbers>
 
 #include "hybridrl/model/model.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

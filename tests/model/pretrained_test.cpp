@@ -1,6 +1,5 @@
 // Hugging Face checkpoints: logits equal transformers' (fixtures made by
 // tests/fixtures/make_model_fixtures.py), safetensors errors, save → load round trips.
-#include <doctest/doctest.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
@@ -9,6 +8,7 @@
 #include <string>
 
 #include "hybridrl/model/model.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 namespace fs = std::filesystem;

@@ -1,12 +1,12 @@
 // Tokenizers: sentencepiece against the ids the Python sentencepiece library gave for the fixture
 // model (tests/fixtures/models/tokenizer), and the byte-level tokenizer.
-#include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
 
 #include "hybridrl/model/sentencepiece_tokenizer.hpp"
 #include "hybridrl/model/tokenizer.hpp"
+#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 

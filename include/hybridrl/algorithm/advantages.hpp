@@ -7,6 +7,7 @@
 /// and the two recursions are a reverse loop over T with tensor ops on [batch] columns.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -94,7 +95,7 @@ inline std::tuple<at::Tensor, at::Tensor> dense_groups(std::string_view fn, cons
   HYBRIDRL_CHECK(gamma >= 0.0 && gamma <= 1.0 && lam >= 0.0 && lam <= 1.0,
                  fmt::format("compute_gae: gamma = {} and lam = {} must lie in [0, 1]", gamma, lam),
                  "use a discount and a GAE lambda in [0, 1] (verl defaults: 1.0 and 1.0)");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto dtype = rewards.scalar_type();
   const auto m = detail::mask_as(mask, dtype);
   // Time-major copies so each step reads a contiguous [batch] column.
@@ -130,7 +131,7 @@ inline std::tuple<at::Tensor, at::Tensor> dense_groups(std::string_view fn, cons
                                                         bool norm_by_std = true) {
   HYBRIDRL_CHECK(eps >= 0.0, fmt::format("compute_grpo_advantages: eps = {} is negative", eps),
                  "use a small non-negative epsilon such as 1e-6");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto [group, counts] = detail::dense_groups("compute_grpo_advantages", scores, group_ids, mask);
   const auto s = scores.detach();
   auto sums = at::zeros_like(counts).index_add_(0, group, s);
@@ -152,7 +153,7 @@ inline std::tuple<at::Tensor, at::Tensor> dense_groups(std::string_view fn, cons
 [[nodiscard]] inline at::Tensor compute_rloo_advantages(const at::Tensor& scores,
                                                         const at::Tensor& group_ids,
                                                         const at::Tensor& mask) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto [group, counts] = detail::dense_groups("compute_rloo_advantages", scores, group_ids, mask);
   const auto s = scores.detach();
   auto sums = at::zeros_like(counts).index_add_(0, group, s);
@@ -173,7 +174,7 @@ inline std::tuple<at::Tensor, at::Tensor> dense_groups(std::string_view fn, cons
   HYBRIDRL_CHECK(gamma >= 0.0 && gamma <= 1.0,
                  fmt::format("{}: gamma = {} must lie in [0, 1]", fn, gamma),
                  "use a discount in [0, 1] (verl default 1.0)");
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto m = detail::mask_as(mask, rewards.scalar_type());
   const auto r_t = rewards.t().contiguous();
   const auto m_t = m.t().contiguous();

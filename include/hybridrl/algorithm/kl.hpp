@@ -6,6 +6,7 @@
 /// (verl `FixedKLController`, `AdaptiveKLController`; Ziegler et al. 2019).
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -107,7 +108,7 @@ struct KlPenaltyResult {
   detail::check_same_shape(fn, "token_level_scores", token_level_scores, "ref_logp", ref_logp);
   detail::check_same_shape(fn, "token_level_scores", token_level_scores, "mask", mask);
   detail::check_finite_option("kl_coef", kl_coef);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const auto m = detail::mask_as(mask, token_level_scores.scalar_type());
   auto kl = kl_penalty(old_logp, ref_logp, estimator) * m;
   auto per_seq = kl.sum(-1) / m.sum(-1).clamp_min(1.0);

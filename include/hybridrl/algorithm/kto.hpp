@@ -6,6 +6,7 @@
 /// the data-parallel group and clamped at 0 — `Algorithm<KTO>`.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // formats at::IntArrayRef (tensor shapes)
 
@@ -59,7 +60,7 @@ using AllReduceMean = std::function<at::Tensor(const at::Tensor&)>;
   detail::check_dims("kto_kl_estimate", "kl_policy_logps", kl_policy_logps, 1);
   detail::check_same_shape("kto_kl_estimate", "kl_policy_logps", kl_policy_logps, "kl_ref_logps",
                            kl_ref_logps);
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto kl = (kl_policy_logps.detach() - kl_ref_logps.detach()).mean();
   if (all_reduce_mean) kl = all_reduce_mean(kl);
   return kl.clamp_min(0.0);

@@ -268,12 +268,39 @@ inline std::vector<int64_t> completion_tokens(const auto& tok, const std::string
   return ids;
 }
 
+/// What the three datasets share: the samples, the statistics of reading them, the pad id and
+/// the accessors a loader uses. `Derived` provides `unit_length(i)`.
+template <class Derived, class Sample>
+class DatasetStorage {
+ public:
+  using sample_type = Sample;
+
+  /// Number of units (prompts, pairs or completions).
+  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
+  /// Unit `i` (bounds-checked).
+  [[nodiscard]] const Sample& operator[](int64_t i) const { return samples_.at(static_cast<size_t>(i)); }
+  /// Longest sequence any batch can contain (the longest unit_length).
+  [[nodiscard]] int64_t longest_sequence() const {
+    int64_t m = 0;
+    for (int64_t i = 0; i < size(); ++i) m = std::max(m, static_cast<const Derived&>(*this).unit_length(i));
+    return m;
+  }
+  /// The token id used for padding (the tokenizer's PAD, else EOS).
+  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
+  /// Counts gathered while reading (skipped lines by reason, tokens, ...).
+  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
+
+ protected:
+  std::vector<Sample> samples_;
+  DataStatistics stats_;
+  int64_t pad_id_ = 0;
+};
+
 }  // namespace detail
 
 /// Prompts for online algorithms (PPO, GRPO). One unit = one prompt.
-class PromptDataset {
+class PromptDataset : public detail::DatasetStorage<PromptDataset, PromptSample> {
  public:
-  using sample_type = PromptSample;
   /// What an Algorithm trains on with this dataset.
   static constexpr DataKind data_kind = DataKind::prompts;
 
@@ -317,36 +344,17 @@ class PromptDataset {
     return d;
   }
 
-  /// Number of units (prompts).
-  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
-  [[nodiscard]] const PromptSample& operator[](int64_t i) const { return samples_.at(static_cast<size_t>(i)); }
   /// Sequences per unit (1: the prompt).
   static constexpr int64_t sequences_per_unit = 1;
   /// Longest sequence of unit `i` in tokens (what padding is sized by).
   [[nodiscard]] int64_t unit_length(int64_t i) const {
     return static_cast<int64_t>((*this)[i].prompt_ids.size());
   }
-  /// Longest sequence any batch can contain (the longest prompt).
-  [[nodiscard]] int64_t longest_sequence() const {
-    int64_t m = 0;
-    for (int64_t i = 0; i < size(); ++i) m = std::max(m, unit_length(i));
-    return m;
-  }
-  /// The token id used for padding (the tokenizer's PAD, else EOS).
-  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
-  /// Counts gathered while reading (skipped lines by reason, tokens, ...).
-  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
-
- private:
-  std::vector<PromptSample> samples_;
-  DataStatistics stats_;
-  int64_t pad_id_ = 0;
 };
 
 /// DPO preference pairs. One unit = one pair (chosen and rejected always travel together).
-class PreferenceDataset {
+class PreferenceDataset : public detail::DatasetStorage<PreferenceDataset, PreferenceSample> {
  public:
-  using sample_type = PreferenceSample;
   static constexpr DataKind data_kind = DataKind::preference_pairs;
   static constexpr int64_t sequences_per_unit = 2;
 
@@ -398,35 +406,17 @@ class PreferenceDataset {
     return d;
   }
 
-  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
-  [[nodiscard]] const PreferenceSample& operator[](int64_t i) const {
-    return samples_.at(static_cast<size_t>(i));
-  }
   /// Longest of the pair's two sequences.
   [[nodiscard]] int64_t unit_length(int64_t i) const {
     const auto& s = (*this)[i];
     return static_cast<int64_t>(std::max(s.chosen_ids.size(), s.rejected_ids.size()));
   }
-  /// Longest sequence any batch can contain (the longest chosen or rejected sequence).
-  [[nodiscard]] int64_t longest_sequence() const {
-    int64_t m = 0;
-    for (int64_t i = 0; i < size(); ++i) m = std::max(m, unit_length(i));
-    return m;
-  }
-  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
-  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
-
- private:
-  std::vector<PreferenceSample> samples_;
-  DataStatistics stats_;
-  int64_t pad_id_ = 0;
 };
 
 /// KTO labelled completions. One unit = one completion; the loader adds, inside the same batch,
 /// the mismatched pair (prompt i, completion of the next sample) KTO uses for its KL estimate.
-class LabelledDataset {
+class LabelledDataset : public detail::DatasetStorage<LabelledDataset, LabelledSample> {
  public:
-  using sample_type = LabelledSample;
   static constexpr DataKind data_kind = DataKind::labelled_completions;
   /// The matched sequence and its mismatched (KL) partner.
   static constexpr int64_t sequences_per_unit = 2;
@@ -480,10 +470,6 @@ class LabelledDataset {
     return d;
   }
 
-  [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(samples_.size()); }
-  [[nodiscard]] const LabelledSample& operator[](int64_t i) const {
-    return samples_.at(static_cast<size_t>(i));
-  }
   /// Length of the matched sequence (prompt + completion).
   [[nodiscard]] int64_t unit_length(int64_t i) const {
     return static_cast<int64_t>((*this)[i].ids.size());
@@ -498,13 +484,6 @@ class LabelledDataset {
     }
     return p + c;
   }
-  [[nodiscard]] int64_t pad_id() const noexcept { return pad_id_; }
-  [[nodiscard]] const DataStatistics& statistics() const noexcept { return stats_; }
-
- private:
-  std::vector<LabelledSample> samples_;
-  DataStatistics stats_;
-  int64_t pad_id_ = 0;
 };
 
 /// What a loader needs from a dataset: units with known lengths, a pad id, statistics and a

@@ -12,6 +12,7 @@
 /// Parameter names equal Hugging Face tensor names (`model.layers.0.self_attn.q_proj.weight`).
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/module.h>
@@ -116,7 +117,7 @@ inline at::Tensor positions_from_mask(const at::Tensor& mask) {
 
 /// Copies every parameter of `src` into the same-named parameter of `dst` (no grad), by name.
 inline void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   auto from = src.named_parameters();
   for (auto& p : dst.named_parameters()) {
     const auto* s = from.find(p.key());
@@ -399,7 +400,7 @@ class ValueModelImpl : public torch::nn::Module {
   explicit ValueModelImpl(const ModelConfig& c) {
     model = register_module("model", Decoder(c));
     score = register_module("score", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, 1).bias(true)));
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     score->weight.normal_(0.0, c.initializer_range);
     score->bias.zero_();
   }

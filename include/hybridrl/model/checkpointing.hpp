@@ -5,6 +5,7 @@
 /// Gradients equal those of the plain run (the blocks here have no dropout, so no RNG replay).
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -79,7 +80,7 @@ inline at::Tensor checkpoint(const CheckpointFn& fn, const at::Tensor& x,
   if (!needs) return fn(x);
   at::Tensor y;
   {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     y = fn(x.detach());
   }
   auto node = std::shared_ptr<detail::CheckpointBackward>(new detail::CheckpointBackward(),

@@ -8,6 +8,7 @@
 /// temporary name and renames it, then removes stale shards of an earlier save.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -179,7 +180,7 @@ inline void load_weights(torch::nn::Module& module, const CheckpointReader& ckpt
                      "LoadOptions{}.strict(false)");
     }
   }
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   for (auto& [param, src] : plan) param.copy_(src);
 }
 
