@@ -2,6 +2,9 @@
 // tests/fixtures/make_model_fixtures.py), safetensors errors, save → load round trips.
 #include <torch/torch.h>
 
+#include <ftw.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -26,15 +29,22 @@ double masked_diff(const at::Tensor& a, const at::Tensor& b, const at::Tensor& m
   return (a.index({m}) - b.index({m})).abs().max().item<double>();
 }
 
+/// Removes a directory tree with POSIX nftw: the test's clean-up must not depend on which
+/// std::filesystem::remove_all the program binds to (core/composition_test checks that separately).
+inline void remove_tree(const fs::path& p) {
+  ::nftw(p.c_str(), [](const char* f, const struct stat*, int, struct FTW*) { return ::remove(f); }, 16,
+         FTW_DEPTH | FTW_PHYS);
+}
+
 /// A fresh scratch directory, removed at scope exit.
 struct TempDir {
   fs::path path;
   explicit TempDir(const std::string& tag) {
     path = fs::temp_directory_path() / ("hybridrl_model_" + tag + "_" + std::to_string(::getpid()));
-    fs::remove_all(path);
+    remove_tree(path);
     fs::create_directories(path);
   }
-  ~TempDir() { fs::remove_all(path); }
+  ~TempDir() { remove_tree(path); }
   [[nodiscard]] std::string str() const { return path.string(); }
 };
 

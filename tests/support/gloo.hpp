@@ -3,7 +3,8 @@
 // group.
 //
 // TestGroup is c10d::ProcessGroupGloo over an in-process HashStore wherever LibTorch ships the
-// gloo headers (Debian's LibTorch 1.13 does). The pip wheels of LibTorch 2.x ship none, so there
+// gloo headers it was built with (Debian's LibTorch 1.13 does; CMake checks and sets
+// HYBRIDRL_TEST_GLOO). The pip wheels of LibTorch 2.x ship none, so there
 // TestGroup is ThreadGroup: an in-process group with the same allgather/allreduce calls, so the
 // collective logic is still exercised (the real NCCL path is tested in core/collective_test.cpp
 // on CUDA machines).
@@ -19,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#if __has_include(<gloo/algorithm.h>)
+#if defined(HYBRIDRL_TEST_GLOO) && HYBRIDRL_TEST_GLOO  // set by tests/CMakeLists.txt
 #define HYBRIDRL_TEST_HAS_GLOO 1
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
