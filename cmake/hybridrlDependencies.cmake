@@ -60,12 +60,6 @@ if(NOT TARGET hybridrl::deps)
   target_link_libraries(hybridrl::deps INTERFACE
     ${TORCH_LIBRARIES} Eigen3::Eigen range-v3::range-v3 nlohmann_json::nlohmann_json
     fmt::fmt-header-only ${CMAKE_DL_LIBS})
-  # The pip wheels of LibTorch 2.x export their own static copy of std::filesystem from
-  # libtorch.so; found before libstdc++ it shadows the system one and std::filesystem calls in the
-  # program crash. Make libstdc++ the first shared library the program needs, so its copy wins.
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND NOT APPLE)
-    target_link_options(hybridrl::deps INTERFACE "LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
-  endif()
   # sentencepiece: headers only; the library is dlopen()ed in isolation at run time, because
   # Debian's copy exports a protobuf that clashes with LibTorch's (detail/sentencepiece_library.hpp).
   target_include_directories(hybridrl::deps SYSTEM INTERFACE ${HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR})

@@ -3,10 +3,6 @@
 
 #include <hybridrl/hybridrl.hpp>
 
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
@@ -249,16 +245,6 @@ TEST_SUITE("core/device") {
 #endif
     CHECK(info.to_json()["torch_version"] == info.torch_version);
     CHECK(contains(info.to_string(), "LibTorch " + info.torch_version));
-  }
-
-  TEST_CASE("std::filesystem works in a program linked with hybridrl (the pip wheels' libtorch.so exports a broken copy)") {
-    namespace fs = std::filesystem;
-    const auto root = fs::temp_directory_path() / ("hybridrl_fs_" + std::to_string(::getpid()));
-    fs::create_directories(root / "a" / "b");
-    std::ofstream(root / "a" / "b" / "f.txt") << "x";
-    CHECK(fs::exists(root / "a" / "b" / "f.txt"));
-    CHECK(fs::remove_all(root) == 4);  // root, a, b, f.txt
-    CHECK_FALSE(fs::exists(root));
   }
 
   TEST_CASE("version matches CMake's project version") {

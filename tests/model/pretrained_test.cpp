@@ -29,8 +29,9 @@ double masked_diff(const at::Tensor& a, const at::Tensor& b, const at::Tensor& m
   return (a.index({m}) - b.index({m})).abs().max().item<double>();
 }
 
-/// Removes a directory tree with POSIX nftw: the test's clean-up must not depend on which
-/// std::filesystem::remove_all the program binds to (core/composition_test checks that separately).
+/// Removes a directory tree with POSIX nftw, not std::filesystem::remove_all: the pip wheels of
+/// LibTorch 2.x export a broken copy of remove_all from libtorch.so that programs can bind to
+/// (docs/development.md, "LibTorch 1.13 and 2.x").
 inline void remove_tree(const fs::path& p) {
   ::nftw(p.c_str(), [](const char* f, const struct stat*, int, struct FTW*) { return ::remove(f); }, 16,
          FTW_DEPTH | FTW_PHYS);

@@ -6,7 +6,7 @@
 /// LibTorch loads libprotobuf 3.21. Linked into one program the two resolve each other's protobuf
 /// symbols and the program crashes before main() (or aborts on protobuf's version check). Opened
 /// with RTLD_LOCAL | RTLD_DEEPBIND, sentencepiece binds to its own protobuf and exports nothing to
-/// the process, so both work. The C++ API is used through its header: virtual calls need no
+/// the process, so both work. (DEEPBIND is used only when a protobuf is visible process-wide.) The C++ API is used through its header: virtual calls need no
 /// symbols; the three out-of-line non-virtual functions we need are looked up with dlsym.
 
 #include <dlfcn.h>
@@ -59,8 +59,15 @@ class SentencePieceLibrary {
 
  private:
   SentencePieceLibrary() {
+    // DEEPBIND only when a protobuf is already visible process-wide (Debian's LibTorch loads
+    // libprotobuf globally): then sentencepiece must keep to its own copy. Otherwise (the pip
+    // wheels hide their protobuf) plain RTLD_LOCAL keeps one libstdc++ binding for everyone;
+    // DEEPBIND there would let sentencepiece bind C++ runtime symbols differently from the program.
+    const bool protobuf_visible =
+        ::dlsym(RTLD_DEFAULT, "_ZN6google8protobuf11MessageLite14ParseFromArrayEPKvi") != nullptr;
+    const int flags = RTLD_NOW | RTLD_LOCAL | (protobuf_visible ? RTLD_DEEPBIND : 0);
     for (const char* name : {"libsentencepiece.so.0", "libsentencepiece.so"}) {
-      handle_ = ::dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+      handle_ = ::dlopen(name, flags);
       if (handle_ != nullptr) break;
     }
     HYBRIDRL_CHECK(handle_ != nullptr,
