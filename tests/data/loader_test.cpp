@@ -285,6 +285,21 @@ TEST_SUITE("data/loader") {
         "input_ids", 9);
   }
 
+  TEST_CASE("prefetched batches are in pinned memory exactly when CUDA is present (and pin_memory is on)") {
+    auto data = from_text<PromptDataset>(prompt_lines(8, 12, 5));
+    auto pinned = Loader<Bucketed>::make(data, BucketedOptions{}.batch_size(4).prefetch_factor(2));
+    auto plain = Loader<Bucketed>::make(data, BucketedOptions{}.batch_size(4).prefetch_factor(2).pin_memory(false));
+    auto a = pinned.next();
+    auto b = plain.next();
+    REQUIRE(a);
+    REQUIRE(b);
+    for (const auto& key : a->tensor_keys()) {
+      CAPTURE(key);
+      CHECK(a->tensor(key).is_pinned() == at::hasCUDA());
+      CHECK_FALSE(b->tensor(key).is_pinned());
+    }
+  }
+
   TEST_CASE("endless epochs and a resumed state that does not match are errors") {
     auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(5, 10, 1)));
     auto endless = Loader<Bucketed>::make(data, BucketedOptions{}.batch_size(2).epochs(0));
