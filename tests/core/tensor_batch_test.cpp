@@ -106,6 +106,9 @@ TEST_SUITE("core/tensor_batch") {
     REQUIRE(chunks.size() == 2);
     CHECK(ids(chunks[1]) == std::vector<std::string>{"c", "d"});
     check_error([&] { (void)b.chunk(3); }, "4 samples do not split into 3 equal chunks (4 % 3 = 1)");
+    auto empty_chunks = b.slice(0, 0).chunk(3);  // an empty batch splits into empty parts
+    REQUIRE(empty_chunks.size() == 3);
+    for (const auto& c : empty_chunks) CHECK(c.size() == 0);
     check_error([&] { (void)b.chunk(0); }, "must be >= 1");
     check_error([&] { (void)b.split(0); }, "must be >= 1");
     check_error([&] { (void)b.slice(2, 5); }, "[2, 5) is outside a batch of 4");

@@ -211,7 +211,7 @@ class TensorBatch {
                    fmt::format("pad first with pad_to_divisor({}) and unpad() the result, or use "
                                "split() for unequal parts",
                                n));
-    return split(size() / n == 0 ? 1 : size() / n, n);
+    return split(size() / n, n);
   }
 
   /// Splits into consecutive parts of `part_size` samples; the last part may be smaller.

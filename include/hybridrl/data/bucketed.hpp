@@ -49,19 +49,13 @@ struct BucketedOptions {
 
   /// Throws hybridrl::Error for an impossible value.
   void validate() const {
-    HYBRIDRL_CHECK(batch_size_ >= 1, fmt::format("loader.batch_size = {} is below 1", batch_size_),
-                   "use a positive batch size");
+    detail::validate_loader_common(*this);
     HYBRIDRL_CHECK(max_tokens_per_batch_ >= 0,
                    fmt::format("loader.max_tokens_per_batch = {} is negative", max_tokens_per_batch_),
                    "use 0 (no token cap) or a positive budget");
     HYBRIDRL_CHECK(window_batches_ >= 0,
                    fmt::format("loader.window_batches = {} is negative", window_batches_),
                    "use 0 (sort the whole epoch) or a positive number of batches such as 256");
-    HYBRIDRL_CHECK(epochs_ >= 0, fmt::format("loader.epochs = {} is negative", epochs_),
-                   "use 0 (endless) or a positive number of epochs");
-    HYBRIDRL_CHECK(prefetch_factor_ >= 0,
-                   fmt::format("loader.prefetch_factor = {} is negative", prefetch_factor_),
-                   "use 0 (no background thread) or a small positive depth such as 2");
   }
 };
 

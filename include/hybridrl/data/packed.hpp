@@ -47,15 +47,9 @@ struct PackedOptions {
 
   /// Throws hybridrl::Error for an impossible value.
   void validate() const {
-    HYBRIDRL_CHECK(batch_size_ >= 1, fmt::format("loader.batch_size = {} is below 1", batch_size_),
-                   "use a positive batch size");
+    detail::validate_loader_common(*this);
     HYBRIDRL_CHECK(row_length_ >= 1, fmt::format("loader.row_length = {} is below 1", row_length_),
                    "use a row length at least as long as the longest sample");
-    HYBRIDRL_CHECK(epochs_ >= 0, fmt::format("loader.epochs = {} is negative", epochs_),
-                   "use 0 (endless) or a positive number of epochs");
-    HYBRIDRL_CHECK(prefetch_factor_ >= 0,
-                   fmt::format("loader.prefetch_factor = {} is negative", prefetch_factor_),
-                   "use 0 (no background thread) or a small positive depth such as 2");
   }
 };
 
