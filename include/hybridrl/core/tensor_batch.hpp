@@ -298,8 +298,9 @@ class TensorBatch {
     auto cpu_idx = indices.to(at::kCPU, at::kLong).contiguous();
     const int64_t n = cpu_idx.numel();
     if (n > 0) {
-      const auto lo = cpu_idx.min().item<int64_t>();
-      const auto hi = cpu_idx.max().item<int64_t>();
+      const auto* q = cpu_idx.data_ptr<int64_t>();
+      const auto [lo_it, hi_it] = std::minmax_element(q, q + n);
+      const int64_t lo = *lo_it, hi = *hi_it;
       HYBRIDRL_CHECK(lo >= 0 && hi < size(),
                      fmt::format("reorder: index range [{}, {}] is outside a batch of {} samples", lo,
                                  hi, size()),
@@ -308,8 +309,14 @@ class TensorBatch {
     TensorBatch out;
     out.meta_ = meta_;
     out.size_ = n;
+    std::optional<at::Tensor> device_idx;  // copied to the device once, not once per tensor
     for (const auto& [k, t] : tensors_) {
-      out.tensors_.emplace(k, t.index_select(0, cpu_idx.to(t.device())));
+      if (t.device().is_cpu()) {
+        out.tensors_.emplace(k, t.index_select(0, cpu_idx));
+        continue;
+      }
+      if (!device_idx || device_idx->device() != t.device()) device_idx = cpu_idx.to(t.device());
+      out.tensors_.emplace(k, t.index_select(0, *device_idx));
     }
     const auto* p = cpu_idx.data_ptr<int64_t>();
     for (const auto& [k, c] : columns_) {
