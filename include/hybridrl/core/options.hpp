@@ -1,13 +1,31 @@
 #pragma once
 /// \file
-/// Options structs: runtime numbers with chainable setters, as in the PyTorch C++ frontend.
+/// Options structs: runtime numbers with chainable setters, as in the PyTorch C++ frontend, plus
+/// one field visitor per struct (the substrate of YAML/JSON, dotted overrides, --help, the printed
+/// effective configuration and checkpoint metadata).
 ///
 /// `HYBRIDRL_ARG(T, name) = default;` declares a field `name_` with a getter `name()` and a
 /// chainable setter `name(value)`, so users write `PPOOptions{}.clip_low(0.2).clip_high(0.28)`.
 /// Unlike TORCH_ARG it leaves the struct's access public, so `validate()` may follow the fields.
-/// Every Options struct has `void validate() const` that throws hybridrl::Error naming the field.
+///
+/// `HYBRIDRL_FIELDS(a, b, c)` inside the struct lists its fields once and generates
+/// `template <class Self, class F> static void visit_fields(Self& self, F&& f)`, which calls
+/// `f("a", self.a_)` for each (Self may be const). Nested Options fields are visited as values
+/// whose own type has `visit_fields`.
+///
+/// Every Options struct has `void validate() const` that throws hybridrl::Error whose problem
+/// starts with the field's name ("clip_low = 1.5 must lie in (0, 1)"); a parent validates a nested
+/// struct with `detail::validate_member(child_, "child")`, which prefixes "child." — so a message
+/// always carries the full dotted path of the field, as the configuration spells it.
 
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
+
+#include "hybridrl/core/error.hpp"
 
 /// Declares an option field with getter and chainable setter (the TORCH_ARG idiom).
 #define HYBRIDRL_ARG(T, name)                                    \
@@ -22,3 +40,89 @@
   const T& name() const noexcept { return this->name##_; }       \
   T& name() noexcept { return this->name##_; }                   \
   T name##_
+
+// ---- preprocessor for-each (C++20 __VA_OPT__; up to 256 arguments) ----
+#define HYBRIDRL_PP_PARENS ()
+#define HYBRIDRL_PP_EXPAND(...) HYBRIDRL_PP_EXPAND4(HYBRIDRL_PP_EXPAND4(HYBRIDRL_PP_EXPAND4(HYBRIDRL_PP_EXPAND4(__VA_ARGS__))))
+#define HYBRIDRL_PP_EXPAND4(...) HYBRIDRL_PP_EXPAND3(HYBRIDRL_PP_EXPAND3(HYBRIDRL_PP_EXPAND3(HYBRIDRL_PP_EXPAND3(__VA_ARGS__))))
+#define HYBRIDRL_PP_EXPAND3(...) HYBRIDRL_PP_EXPAND2(HYBRIDRL_PP_EXPAND2(HYBRIDRL_PP_EXPAND2(HYBRIDRL_PP_EXPAND2(__VA_ARGS__))))
+#define HYBRIDRL_PP_EXPAND2(...) HYBRIDRL_PP_EXPAND1(HYBRIDRL_PP_EXPAND1(HYBRIDRL_PP_EXPAND1(HYBRIDRL_PP_EXPAND1(__VA_ARGS__))))
+#define HYBRIDRL_PP_EXPAND1(...) __VA_ARGS__
+/// Expands `macro(arg, x)` for each x of the list.
+#define HYBRIDRL_PP_FOR_EACH(macro, arg, ...) \
+  __VA_OPT__(HYBRIDRL_PP_EXPAND(HYBRIDRL_PP_FOR_EACH_HELPER(macro, arg, __VA_ARGS__)))
+#define HYBRIDRL_PP_FOR_EACH_HELPER(macro, arg, a1, ...) \
+  macro(arg, a1) __VA_OPT__(HYBRIDRL_PP_FOR_EACH_AGAIN HYBRIDRL_PP_PARENS(macro, arg, __VA_ARGS__))
+#define HYBRIDRL_PP_FOR_EACH_AGAIN() HYBRIDRL_PP_FOR_EACH_HELPER
+
+#define HYBRIDRL_PP_VISIT_FIELD(f, name) f(#name, self.name##_);
+
+/// Lists the fields of an Options struct (declared with HYBRIDRL_ARG) for the field visitor.
+#define HYBRIDRL_FIELDS(...)                                              \
+  template <class Self, class F>                                          \
+  static void visit_fields(Self& self, F&& f) {                           \
+    HYBRIDRL_PP_FOR_EACH(HYBRIDRL_PP_VISIT_FIELD, f, __VA_ARGS__)         \
+  }
+
+namespace hybridrl {
+
+/// An Options struct with a field visitor (HYBRIDRL_FIELDS).
+template <class O>
+concept reflectable_options = requires(O& o, const O& c) {
+  O::visit_fields(o, [](std::string_view, auto&) {});
+  O::visit_fields(c, [](std::string_view, const auto&) {});
+};
+
+/// Names of an enum's values, specialized once per enum with HYBRIDRL_ENUM_NAMES:
+/// `static constexpr std::array<std::pair<E, std::string_view>, N> values`.
+template <class E>
+struct enum_names;
+
+/// An enum whose values have names (round-trips through configuration files by name).
+template <class E>
+concept named_enum = std::is_enum_v<E> && requires { enum_names<E>::values; };
+
+/// The name of `e` ("?" for a value without a name).
+template <named_enum E>
+[[nodiscard]] constexpr std::string_view enum_name(E e) noexcept {
+  for (const auto& [v, n] : enum_names<E>::values) {
+    if (v == e) return n;
+  }
+  return "?";
+}
+
+/// The value named `name`, or nullopt.
+template <named_enum E>
+[[nodiscard]] constexpr std::optional<E> enum_from_name(std::string_view name) noexcept {
+  for (const auto& [v, n] : enum_names<E>::values) {
+    if (n == name) return v;
+  }
+  return std::nullopt;
+}
+
+namespace detail {
+
+/// Validates a nested Options member; a hybridrl::Error it throws gets "name." in front of its
+/// problem, so the message carries the member's full dotted path.
+template <class T>
+void validate_member(const T& member, std::string_view name) {
+  try {
+    member.validate();
+  } catch (const Error& e) {
+    throw Error(std::string(name) + "." + e.problem(), e.fix());
+  }
+}
+
+}  // namespace detail
+}  // namespace hybridrl
+
+#define HYBRIDRL_PP_ENUM_ENTRY(E, v) std::pair{E::v, std::string_view(#v)},
+
+/// Names every value of enum `E` by its identifier; use at namespace scope inside hybridrl:
+/// `HYBRIDRL_ENUM_NAMES(LossAgg, token_mean, seq_mean_token_sum, ...)`.
+#define HYBRIDRL_ENUM_NAMES(E, ...)                                              \
+  template <>                                                                    \
+  struct enum_names<E> {                                                         \
+    static constexpr std::array values{                                          \
+        HYBRIDRL_PP_FOR_EACH(HYBRIDRL_PP_ENUM_ENTRY, E, __VA_ARGS__)};           \
+  }
