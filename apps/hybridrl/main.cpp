@@ -1,0 +1,42 @@
+// hybridrl — the command-line program. Subcommands (DESIGN.md, "The command line"):
+//   hybridrl info [--json]     the device report: LibTorch, CUDA devices, NCCL, fused attention
+// `train`, `generate` and `tokenize` are added by the trainer, rollout and tokenizer issues.
+// Exit codes: 0 ok, 1 a hybridrl::Error (bad input: the message says the problem and the fix),
+// 2 a command-line usage error, 3 any other failure.
+#include <hybridrl/core/device.hpp>
+#include <hybridrl/core/error.hpp>
+#include <hybridrl/version.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"hybridrl: reinforcement-learning post-training of LLMs on LibTorch", "hybridrl"};
+  app.set_version_flag("--version", std::string("hybridrl ") + hybridrl::version());
+  app.require_subcommand(1);
+
+  auto* info = app.add_subcommand("info", "print the device report (CUDA, NCCL, fused attention)");
+  bool json = false;
+  info->add_flag("--json", json, "print the report as JSON");
+  info->callback([&] {
+    const auto report = hybridrl::device_info();
+    std::cout << (json ? report.to_json().dump(2) : report.to_string()) << '\n';
+  });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  } catch (const hybridrl::Error& e) {
+    std::cerr << e.what() << '\n';
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hybridrl: unexpected failure: " << e.what() << '\n';
+    return 3;
+  }
+  return 0;
+}
