@@ -269,7 +269,12 @@ inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& ar
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
-  j["head_dim"] = c.head_dim;
+  // LlamaConfig and MistralConfig always carry head_dim; Qwen2Config has none (it derives it), so
+  // it is written there only when it differs from hidden_size / num_attention_heads.
+  if (c.model_type != "qwen2" || j.contains("head_dim") ||
+      c.head_dim * c.num_attention_heads != c.hidden_size) {
+    j["head_dim"] = c.head_dim;
+  }
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["hidden_act"] = "silu";

@@ -260,6 +260,12 @@ namespace detail {
 /// layers) fails here without allocating the model. `optional` names may be absent.
 inline void check_shapes_before_building(const ModelConfig& c, const PretrainedReader& ckpt, bool critic,
                                          const std::set<std::string>& optional = {}) {
+  // The layer count first, so a config claiming 10^9 layers fails before its name list is built.
+  const auto last = fmt::format("model.layers.{}.input_layernorm.weight", c.num_hidden_layers - 1);
+  HYBRIDRL_CHECK(ckpt.contains(last),
+                 fmt::format("'{}' has no tensor '{}': config.json's num_hidden_layers = {} is more than "
+                             "the checkpoint holds", ckpt.source(), last, c.num_hidden_layers),
+                 "the weights do not belong to this config.json: use the config saved with them");
   for (const auto& [name, shape] : expected_parameter_shapes(c, critic)) {
     if (!ckpt.contains(name)) {
       HYBRIDRL_CHECK(optional.count(name) > 0,
