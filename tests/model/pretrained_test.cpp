@@ -465,11 +465,17 @@ TEST_SUITE("model/pretrained") {
       CausalLM m(c);
       std::map<std::string, std::vector<int64_t>> got;
       for (const auto& p : m->named_parameters()) got[p.key()] = p.value().sizes().vec();
-      CHECK(got == expected_parameter_shapes(c));
+      auto as_map = [](const std::vector<ParameterShape>& v) {
+        std::map<std::string, std::vector<int64_t>> m;
+        for (const auto& p : v) m[p.name] = p.shape;
+        CHECK(m.size() == v.size());  // no name twice
+        return m;
+      };
+      CHECK(got == as_map(expected_parameter_shapes(c)));
       ValueModel v(c);
       got.clear();
       for (const auto& p : v->named_parameters()) got[p.key()] = p.value().sizes().vec();
-      CHECK(got == expected_parameter_shapes(c, true));
+      CHECK(got == as_map(expected_parameter_shapes(c, true)));
     }
   }
 
@@ -551,6 +557,13 @@ TEST_SUITE("model/pretrained") {
       CHECK(error_of([&] { SafetensorsFile f(p); }).find("is not a regular file") != std::string::npos);
     }
     CHECK(error_of([&] { SafetensorsFile f(d.str()); }).find("is not a regular file") != std::string::npos);
+    {  // a Git LFS pointer instead of the weights: named as such
+      const auto p = d.path / "lfs.safetensors";
+      write_file(p, "version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 12\n");
+      const auto msg = error_of([&] { SafetensorsFile f(p.string()); });
+      CHECK(msg.find("starts with bytes 76 65 72 73 69 6f 6e 20") != std::string::npos);
+      CHECK(msg.find("Git LFS pointer") != std::string::npos);
+    }
   }
 
   TEST_CASE("safetensors: an in-place op on a zero-copy tensor changes only this process's copy") {

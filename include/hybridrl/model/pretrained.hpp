@@ -209,46 +209,52 @@ inline void load_weights(torch::nn::Module& module, const PretrainedReader& ckpt
   for (auto& [param, src] : plan) param.copy_(src);
 }
 
-/// The Hugging Face tensor names and shapes a Llama-family decoder with `c` has (the trunk under
-/// `model.`; `lm_head.weight` unless tied, or the critic's `score.weight`/`score.bias` when
-/// `critic`). Computed from the config alone, so a checkpoint is checked before any model memory
-/// is allocated.
-inline std::map<std::string, std::vector<int64_t>> expected_parameter_shapes(const ModelConfig& c,
-                                                                             bool critic = false) {
-  std::map<std::string, std::vector<int64_t>> s;
+/// One tensor a model has: its Hugging Face name and shape.
+struct ParameterShape {
+  std::string name;            ///< e.g. model.layers.0.mlp.up_proj.weight
+  std::vector<int64_t> shape;  ///< e.g. [intermediate_size, hidden_size]
+};
+
+/// The tensors a Llama-family decoder with `c` has, in HF order (embedding; per layer attention,
+/// MLP, norms; final norm; `lm_head.weight` unless tied, or the critic's `score.weight`/`score.bias`
+/// when `critic`). Computed from the config alone, so a checkpoint is checked before any model
+/// memory is allocated.
+inline std::vector<ParameterShape> expected_parameter_shapes(const ModelConfig& c, bool critic = false) {
+  std::vector<ParameterShape> s;
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim;
-  s["model.embed_tokens.weight"] = {c.vocab_size, H};
-  s["model.norm.weight"] = {H};
+  auto add = [&](std::string name, std::vector<int64_t> shape) { s.push_back({std::move(name), std::move(shape)}); };
+  add("model.embed_tokens.weight", {c.vocab_size, H});
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const auto p = fmt::format("model.layers.{}.", l);
-    s[p + "input_layernorm.weight"] = {H};
-    s[p + "post_attention_layernorm.weight"] = {H};
-    s[p + "self_attn.q_proj.weight"] = {q, H};
-    s[p + "self_attn.k_proj.weight"] = {kv, H};
-    s[p + "self_attn.v_proj.weight"] = {kv, H};
-    s[p + "self_attn.o_proj.weight"] = {H, q};
+    add(p + "self_attn.q_proj.weight", {q, H});
+    add(p + "self_attn.k_proj.weight", {kv, H});
+    add(p + "self_attn.v_proj.weight", {kv, H});
+    add(p + "self_attn.o_proj.weight", {H, q});
     if (qkv_bias) {
-      s[p + "self_attn.q_proj.bias"] = {q};
-      s[p + "self_attn.k_proj.bias"] = {kv};
-      s[p + "self_attn.v_proj.bias"] = {kv};
+      add(p + "self_attn.q_proj.bias", {q});
+      add(p + "self_attn.k_proj.bias", {kv});
+      add(p + "self_attn.v_proj.bias", {kv});
     }
-    if (c.attention_bias) s[p + "self_attn.o_proj.bias"] = {H};
-    s[p + "mlp.gate_proj.weight"] = {I, H};
-    s[p + "mlp.up_proj.weight"] = {I, H};
-    s[p + "mlp.down_proj.weight"] = {H, I};
+    if (c.attention_bias) add(p + "self_attn.o_proj.bias", {H});
+    add(p + "mlp.gate_proj.weight", {I, H});
+    add(p + "mlp.up_proj.weight", {I, H});
+    add(p + "mlp.down_proj.weight", {H, I});
     if (c.mlp_bias) {
-      s[p + "mlp.gate_proj.bias"] = {I};
-      s[p + "mlp.up_proj.bias"] = {I};
-      s[p + "mlp.down_proj.bias"] = {H};
+      add(p + "mlp.gate_proj.bias", {I});
+      add(p + "mlp.up_proj.bias", {I});
+      add(p + "mlp.down_proj.bias", {H});
     }
+    add(p + "input_layernorm.weight", {H});
+    add(p + "post_attention_layernorm.weight", {H});
   }
+  add("model.norm.weight", {H});
   if (critic) {
-    s["score.weight"] = {1, H};
-    s["score.bias"] = {1};
+    add("score.weight", {1, H});
+    add("score.bias", {1});
   } else if (!c.tie_word_embeddings) {
-    s["lm_head.weight"] = {c.vocab_size, H};
+    add("lm_head.weight", {c.vocab_size, H});
   }
   return s;
 }

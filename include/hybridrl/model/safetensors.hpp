@@ -151,13 +151,23 @@ class SafetensorsFile {
                    fix);
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | map_->data()[i];
+    // An implausible length usually means another kind of file (a Git LFS pointer, HTML from a
+    // failed download): say what it starts with, in hex. MappedFile opened a regular file only,
+    // and PretrainedReader only names files inside the model directory.
+    auto starts = [&] {
+      std::string hex;
+      for (int i = 0; i < 8; ++i) hex += fmt::format("{}{:02x}", i ? " " : "", map_->data()[i]);
+      const bool lfs = std::memcmp(map_->data(), "version ", 8) == 0;
+      return fmt::format(" (the file starts with bytes {}{})", hex,
+                         lfs ? ", \"version \": a Git LFS pointer, not the weights; run git lfs pull" : "");
+    };
     HYBRIDRL_CHECK(n <= kMaxHeaderBytes,
-                   fmt::format("'{}': the header claims {} bytes, more than the format's limit of {}",
-                               path, n, kMaxHeaderBytes),
+                   fmt::format("'{}': the header claims {} bytes, more than the format's limit of {}{}",
+                               path, n, kMaxHeaderBytes, starts()),
                    fix);
     HYBRIDRL_CHECK(n <= size - 8,
                    fmt::format("'{}': the header claims {} bytes but the file has only {} after the "
-                               "length field", path, n, size - 8),
+                               "length field{}", path, n, size - 8, starts()),
                    fix);
     data_offset_ = 8 + static_cast<size_t>(n);
     // Depth-capped, NUL-rejecting, duplicate-rejecting parse; trailing spaces (the format's
