@@ -205,7 +205,8 @@ class SafetensorsFile {
       const auto dtype_name = v["dtype"].get<std::string>();
       const auto dtype = detail::safetensors_dtype(dtype_name);
       HYBRIDRL_CHECK(dtype.has_value(),
-                     fmt::format("{}: unknown dtype '{}'", where, io::brief(v["dtype"])),
+                     fmt::format("{}: unknown dtype '{}'", where,
+                                 dtype_name.size() > 40 ? dtype_name.substr(0, 40) + "..." : dtype_name),
                      "hybridrl reads F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL; convert "
                      "the checkpoint to one of these");
       SafetensorsEntry e;
