@@ -23,14 +23,17 @@ find_package(range-v3 QUIET)
 # the library is opened at run time (detail/sentencepiece_library.hpp says why). Debian ships a
 # pkg-config file, other systems may not: the header is searched for directly too. When found,
 # HYBRIDRL_WITH_SENTENCEPIECE=1 is defined for consumers; the umbrella header never includes it.
+# -DHYBRIDRL_NO_SENTENCEPIECE=ON leaves it out even when installed.
 set(HYBRIDRL_WITH_SENTENCEPIECE OFF)
-find_package(PkgConfig QUIET)
-if(PKG_CONFIG_FOUND)
-  pkg_check_modules(_hybridrl_spm QUIET sentencepiece)
-endif()
-find_path(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h HINTS ${_hybridrl_spm_INCLUDE_DIRS})
-if(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR)
-  set(HYBRIDRL_WITH_SENTENCEPIECE ON)
+if(NOT HYBRIDRL_NO_SENTENCEPIECE)
+  find_package(PkgConfig QUIET)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(_hybridrl_spm QUIET sentencepiece)
+  endif()
+  find_path(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h HINTS ${_hybridrl_spm_INCLUDE_DIRS})
+  if(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR)
+    set(HYBRIDRL_WITH_SENTENCEPIECE ON)
+  endif()
 endif()
 
 # CUDA and NCCL: enabled only when LibTorch itself is a CUDA build and the toolkit is present.
