@@ -13,26 +13,27 @@ macro(_hybridrl_dep name)
 endmacro()
 
 _hybridrl_dep(Torch)
-_hybridrl_dep(Eigen3 NO_MODULE)
-_hybridrl_dep(range-v3)
 _hybridrl_dep(nlohmann_json)
 _hybridrl_dep(fmt)
-# sentencepiece (model/sentencepiece_tokenizer.hpp): only its header is needed at build time; the
-# library is opened at run time (detail/sentencepiece_library.hpp says why). Debian ships a
-# pkg-config file, other systems may not: the header is searched for directly too.
-find_package(PkgConfig QUIET)
-if(PKG_CONFIG_FOUND)
-  pkg_check_modules(_hybridrl_spm QUIET sentencepiece)
-endif()
-find_path(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h HINTS ${_hybridrl_spm_INCLUDE_DIRS})
-if(NOT HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR)
-  set(_hybridrl_msg "hybridrl needs the sentencepiece headers (Debian/Ubuntu: apt-get install libsentencepiece-dev)")
-  if(HYBRIDRL_IN_CONFIG)
-    set(${CMAKE_FIND_PACKAGE_NAME}_NOT_FOUND_MESSAGE "${_hybridrl_msg}")
-    set(${CMAKE_FIND_PACKAGE_NAME}_FOUND FALSE)
-    return()
+# Eigen3 and range-v3: no hybridrl header uses them, so they are not required; when present they
+# are linked into hybridrl::deps for code that wants them (HYBRIDRL_WITH_EIGEN / _RANGE_V3).
+find_package(Eigen3 QUIET NO_MODULE)
+find_package(range-v3 QUIET)
+# sentencepiece (tokenizer/sentencepiece.hpp) is optional: only its header is needed at build time;
+# the library is opened at run time (detail/sentencepiece_library.hpp says why). Debian ships a
+# pkg-config file, other systems may not: the header is searched for directly too. When found,
+# HYBRIDRL_WITH_SENTENCEPIECE=1 is defined for consumers; the umbrella header never includes it.
+# -DHYBRIDRL_NO_SENTENCEPIECE=ON leaves it out even when installed.
+set(HYBRIDRL_WITH_SENTENCEPIECE OFF)
+if(NOT HYBRIDRL_NO_SENTENCEPIECE)
+  find_package(PkgConfig QUIET)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(_hybridrl_spm QUIET sentencepiece)
   endif()
-  message(FATAL_ERROR "${_hybridrl_msg}")
+  find_path(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h HINTS ${_hybridrl_spm_INCLUDE_DIRS})
+  if(HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR)
+    set(HYBRIDRL_WITH_SENTENCEPIECE ON)
+  endif()
 endif()
 
 # CUDA and NCCL: enabled only when LibTorch itself is a CUDA build and the toolkit is present.
@@ -58,11 +59,21 @@ if(NOT TARGET hybridrl::deps)
   add_library(hybridrl::deps INTERFACE IMPORTED GLOBAL)
   # TORCH_LIBRARIES is recomputed on every machine, so the installed package stays relocatable.
   target_link_libraries(hybridrl::deps INTERFACE
-    ${TORCH_LIBRARIES} Eigen3::Eigen range-v3::range-v3 nlohmann_json::nlohmann_json
-    fmt::fmt-header-only ${CMAKE_DL_LIBS})
+    ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json fmt::fmt-header-only ${CMAKE_DL_LIBS})
+  if(TARGET Eigen3::Eigen)
+    target_link_libraries(hybridrl::deps INTERFACE Eigen3::Eigen)
+    target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_EIGEN=1)
+  endif()
+  if(TARGET range-v3::range-v3)
+    target_link_libraries(hybridrl::deps INTERFACE range-v3::range-v3)
+    target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_RANGE_V3=1)
+  endif()
   # sentencepiece: headers only; the library is dlopen()ed in isolation at run time, because
   # Debian's copy exports a protobuf that clashes with LibTorch's (detail/sentencepiece_library.hpp).
-  target_include_directories(hybridrl::deps SYSTEM INTERFACE ${HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR})
+  if(HYBRIDRL_WITH_SENTENCEPIECE)
+    target_include_directories(hybridrl::deps SYSTEM INTERFACE ${HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR})
+    target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_SENTENCEPIECE=1)
+  endif()
   if(HYBRIDRL_WITH_CUDA)
     target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_CUDA=1)
     target_link_libraries(hybridrl::deps INTERFACE CUDA::cudart)
@@ -87,5 +98,5 @@ if(NOT HYBRIDRL_IN_CONFIG AND NOT PROJECT_IS_TOP_LEVEL)
 endif()
 
 if(NOT HYBRIDRL_IN_CONFIG)
-  message(STATUS "hybridrl: LibTorch ${Torch_VERSION}, CUDA ${HYBRIDRL_WITH_CUDA}, NCCL ${HYBRIDRL_WITH_NCCL}")
+  message(STATUS "hybridrl: LibTorch ${Torch_VERSION}, CUDA ${HYBRIDRL_WITH_CUDA}, NCCL ${HYBRIDRL_WITH_NCCL}, sentencepiece ${HYBRIDRL_WITH_SENTENCEPIECE}")
 endif()

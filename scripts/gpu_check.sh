@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and tests hybridrl on the GPU machine (LibTorch 2.x + CUDA from the pip torch wheel).
-# Used through the device tool; see docs/development.md. Needs .deps/range-v3 carried along
-# (range-v3 is header-only and not installed there).
+# Used through the device tool; see docs/development.md. (range-v3 and Eigen are optional now; a
+# copy under .deps/range-v3, when carried along, is still picked up.)
 #   scripts/gpu_check.sh [build targets...]     (default: all)
 # Environment: CTEST_ARGS (e.g. "-R core"), OUT (log folder, default ./gpu-logs).
 set -uo pipefail
@@ -34,10 +34,12 @@ if [[ -n "${NCCL_ROOT}" && ! -e "$NCCL_ROOT/lib/libnccl.so" && -e "$NCCL_ROOT/li
 fi
 export LD_LIBRARY_PATH=${NCCL_ROOT:+$NCCL_ROOT/lib:}${LD_LIBRARY_PATH:-}
 
+RANGE_V3_DIR=
+[[ -d "$PWD/.deps/range-v3/lib/cmake/range-v3" ]] && RANGE_V3_DIR="$PWD/.deps/range-v3/lib/cmake/range-v3"
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX" \
-  -Drange-v3_DIR="$PWD/.deps/range-v3/lib/cmake/range-v3" \
+  ${RANGE_V3_DIR:+-Drange-v3_DIR=$RANGE_V3_DIR} \
   ${NCCL_ROOT:+-DHYBRIDRL_NCCL_ROOT=$NCCL_ROOT} -DCMAKE_CUDA_ARCHITECTURES=90 \
   2>&1 | tee "$OUT/configure.log" | tail -5
 targets=("$@")

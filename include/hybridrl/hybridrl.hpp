@@ -5,6 +5,10 @@
 ///     #include <hybridrl/hybridrl.hpp>
 ///     using namespace hybridrl;
 ///     using MyTrainer = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
+///
+/// Optional parts are not included here, so a build without them still compiles this header:
+/// the sentencepiece tokenizer (<hybridrl/tokenizer/sentencepiece.hpp>, needs the sentencepiece
+/// headers; CMake defines HYBRIDRL_WITH_SENTENCEPIECE=1 when they are found).
 
 #include "hybridrl/version.hpp"
 #include "hybridrl/core/core.hpp"
@@ -12,5 +16,8 @@
 #include "hybridrl/sharding/sharding.hpp"
 #include "hybridrl/rollout/rollout.hpp"
 #include "hybridrl/data/data.hpp"
+#include "hybridrl/tokenizer/tokenizer.hpp"
+#include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/io/json.hpp"
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/trainer/trainer.hpp"

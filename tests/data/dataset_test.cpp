@@ -2,6 +2,8 @@
 // line; skip and count).
 
 #include <sstream>
+#include <stdexcept>
+#include <streambuf>
 #include <string>
 
 #include "hybridrl/data/dataset.hpp"
@@ -140,5 +142,64 @@ TEST_SUITE("data/dataset") {
     CHECK_THROWS_AS((void)PromptDataset::from_jsonl(kFixtures + "nope.jsonl", ByteTokenizer{}), Error);
     CHECK_THROWS_AS(DatasetOptions{}.max_length(-1).validate(), Error);
     CHECK_THROWS_AS(DatasetOptions{}.max_length(4).max_prompt_length(8).validate(), Error);
+  }
+
+  TEST_CASE("JSONL defects: 1e400, deep nesting and NUL are bad_json lines (raise names file:line, skip counts)") {
+    // before: 1e400 escaped as json::out_of_range without file:line, even with skip
+    CHECK(error_of<PromptDataset>("{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"x\": 1e400}\n")
+              .find("mem.jsonl:2: bad JSON") != std::string::npos);
+    const std::string deep = "{\"prompt\": \"p\", \"x\": " + std::string(100000, '[') +
+                             std::string(100000, ']') + "}";
+    CHECK(error_of<PromptDataset>(deep).find("mem.jsonl:1: bad JSON (nesting deeper than 64") != std::string::npos);
+    CHECK(error_of<PromptDataset>(std::string("{\"prompt\":\"kept\"}") + '\0' + "{\"prompt\":\"dropped\"}")
+              .find("NUL byte") != std::string::npos);
+    std::istringstream in("{\"prompt\": \"ok\"}\n{\"prompt\": \"b\", \"x\": -1e400}\n" + deep + "\n");
+    auto d = PromptDataset::from_stream(in, "mem.jsonl", ByteTokenizer{}, DatasetOptions{}.on_error(OnError::skip));
+    CHECK(d.size() == 1);
+    CHECK(d.statistics().skipped_for(LineError::bad_json) == 2);
+  }
+
+  TEST_CASE("a read error is an Error, not a silently shorter dataset") {
+    struct FailingBuf : std::streambuf {
+      std::string data = "{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n";
+      bool served = false;
+      int_type underflow() override {
+        if (served) throw std::runtime_error("EIO");  // istream turns this into badbit
+        served = true;
+        setg(data.data(), data.data(), data.data() + data.size());
+        return traits_type::to_int_type(*gptr());
+      }
+    } buf;
+    std::istream in(&buf);
+    try {
+      (void)PromptDataset::from_stream(in, "mem.jsonl", ByteTokenizer{});
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(std::string(e.problem()).find("mem.jsonl: reading failed after line 2") != std::string::npos);
+    }
+    // a directory opens as an ifstream but cannot be read
+    CHECK_THROWS_AS((void)PromptDataset::from_jsonl(kFixtures, ByteTokenizer{}), Error);
+  }
+
+  TEST_CASE("tokenizer errors get file:line and honour skip") {
+    struct PickyTokenizer : ByteTokenizer {
+      [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool add_bos = true) const {
+        HYBRIDRL_CHECK(text.find("BAD") == std::string_view::npos, "text contains BAD", "remove it");
+        return ByteTokenizer::encode(text, add_bos);
+      }
+    };
+    const std::string text = "{\"prompt\": \"fine\"}\n{\"prompt\": \"BAD one\"}\n";
+    std::istringstream raise_in(text);
+    try {
+      (void)PromptDataset::from_stream(raise_in, "mem.jsonl", PickyTokenizer{});
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(std::string(e.problem()).find("mem.jsonl:2: the tokenizer rejected the text: text contains BAD (bad_text)") !=
+            std::string::npos);
+    }
+    std::istringstream skip_in(text);
+    auto d = PromptDataset::from_stream(skip_in, "mem.jsonl", PickyTokenizer{}, DatasetOptions{}.on_error(OnError::skip));
+    CHECK(d.size() == 1);
+    CHECK(d.statistics().skipped_for(LineError::bad_text) == 1);
   }
 }

@@ -8,7 +8,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <string>
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "hybridrl/model/model.hpp"
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
@@ -75,6 +80,32 @@ void write_file(const fs::path& p, const std::string& s) {
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+
+/// A safetensors file from a raw header string and `data` bytes.
+void write_safetensors_raw(const fs::path& p, const std::string& header, const std::string& data) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write_file(p, bytes + header + data);
+}
+
+/// The Error message of opening `header` + `data` as a safetensors file.
+std::string safetensors_error(const TempDir& d, const std::string& header, const std::string& data) {
+  const auto p = d.path / "raw.safetensors";
+  write_safetensors_raw(p, header, data);
+  return error_of([&] { SafetensorsFile f(p.string()); });
+}
+
+/// A minimal valid config.json object (Llama, 2 heads).
+nlohmann::json small_config() {
+  return nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 2})");
+}
+
+std::string config_error(const nlohmann::json& j) {
+  return error_of([&] { config_from_json(j, "x/config.json"); });
 }
 
 struct FixtureDiffs {
@@ -178,7 +209,7 @@ TEST_SUITE("model/pretrained") {
     CHECK(again.rope_scaling.original_max_position_embeddings == 8192);
     CHECK(again.tie_word_embeddings);
     j["rope_scaling"]["type"] = "yarn";
-    CHECK(error_of([&] { config_from_json(j, "x/config.json"); }).find("rope type 'yarn'") != std::string::npos);
+    CHECK(error_of([&] { config_from_json(j, "x/config.json"); }).find("rope_scaling.rope_type = 'yarn'") != std::string::npos);
     j.erase("hidden_size");
     CHECK(error_of([&] { config_from_json(j, "x/config.json"); }).find("x/config.json") != std::string::npos);
   }
@@ -210,7 +241,7 @@ TEST_SUITE("model/pretrained") {
       CHECK(max_diff(back->forward(ids), m->forward(ids)) == 0.0);
       CHECK(load_config(out.str()).architecture == m->config().architecture);
       if (std::string(name) == "mistral") {
-        CHECK_FALSE(CheckpointReader(out.str()).contains("lm_head.weight"));  // tied: HF omits it
+        CHECK_FALSE(PretrainedReader(out.str()).contains("lm_head.weight"));  // tied: HF omits it
       }
       // re-saving unsharded over a sharded save leaves no stale shard
       save_pretrained(m, out.str(), SaveOptions{}.dtype(at::kBFloat16));
@@ -251,7 +282,9 @@ TEST_SUITE("model/pretrained") {
       CHECK((r.sizes() == v.sizes()));
       CHECK(torch::equal(r, v));
     }
-    CHECK_FALSE(fs::exists(path + ".tmp." + std::to_string(::getpid())));
+    size_t files = 0;
+    for (const auto& e : fs::directory_iterator(d.path)) files += e.path().filename() == "x.safetensors" ? 0 : 1;
+    CHECK(files == 0);  // no temporary left
   }
 
   TEST_CASE("bad checkpoints: errors name the file and the tensor") {
@@ -347,6 +380,215 @@ TEST_SUITE("model/pretrained") {
       CHECK(m2.find("model.layers.7.extra.weight") != std::string::npos);
       CHECK(m2.find(mf) != std::string::npos);
       load_causal_lm(c.str(), LoadOptions{}.strict(false));  // tolerated when asked
+    }
+  }
+
+
+  TEST_CASE("config validation: every bad field is an Error naming it (zero heads was SIGFPE)") {
+    CHECK(static_cast<bool>(config_from_json(small_config()).head_dim == 8));
+    auto with = [](const char* key, nlohmann::json v) {
+      auto j = small_config();
+      j[key] = std::move(v);
+      return config_error(j);
+    };
+    CHECK(with("num_attention_heads", 0).find("x/config.json': num_attention_heads = 0 must be positive") != std::string::npos);
+    {  // INT64_MIN / -1 would trap too
+      auto j = small_config();
+      j["hidden_size"] = INT64_MIN;
+      j["num_attention_heads"] = -1;
+      CHECK(config_error(j).find("must be positive") != std::string::npos);
+    }
+    CHECK(with("num_key_value_heads", 3).find("num_attention_heads = 4 is not a multiple of num_key_value_heads = 3") != std::string::npos);
+    CHECK(with("head_dim", 7).find("head_dim = 7 is odd") != std::string::npos);
+    CHECK(with("vocab_size", -5).find("vocab_size = -5 must be positive") != std::string::npos);
+    CHECK(with("vocab_size", 32000.7).find("vocab_size = 32000.7 is not an integer") != std::string::npos);
+    CHECK(with("intermediate_size", 0).find("intermediate_size = 0") != std::string::npos);
+    CHECK(with("rope_theta", 0.0).find("rope_theta = 0 must be positive") != std::string::npos);
+    CHECK(with("rms_norm_eps", -1e-6).find("rms_norm_eps = -1e-06 must be positive") != std::string::npos);
+    CHECK(with("max_position_embeddings", 0).find("max_position_embeddings = 0") != std::string::npos);
+    CHECK(with("hidden_act", "gelu").find("hidden_act = 'gelu' is not supported") != std::string::npos);
+    CHECK(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 0.0}}).find("rope_scaling.factor = 0") != std::string::npos);
+    CHECK(with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 1.0}})
+              .find("high_freq_factor = 1 must exceed low_freq_factor = 4") != std::string::npos);
+    {
+      auto j = small_config();
+      j["architectures"] = {"MistralForCausalLM"};
+      j["sliding_window"] = 0;
+      CHECK(config_error(j).find("sliding_window = 0 must be positive") != std::string::npos);
+      j["sliding_window"] = nullptr;  // null = full attention
+      CHECK_FALSE(config_from_json(j).sliding_window.has_value());
+    }
+    {
+      auto j = small_config();
+      j["architectures"] = {"Qwen2ForCausalLM"};
+      j["use_sliding_window"] = true;
+      CHECK(config_error(j).find("use_sliding_window = true (Qwen2) is not supported yet") != std::string::npos);
+    }
+    TempDir d("deepcfg");  // deep nesting: an Error, not a stack overflow in the recursive copy
+    write_file(d.path / "config.json", "{\"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}");
+    CHECK(error_of([&] { load_config(d.str()); }).find("nesting deeper than 64") != std::string::npos);
+    CHECK(error_of([&] { load_config(d.str() + "/none"); }).find("cannot read") != std::string::npos);
+  }
+
+  TEST_CASE("config_to_json reproduces the transformers-written fixture config.json key by key") {
+    for (const std::string name : {"llama", "mistral", "qwen2"}) {
+      CAPTURE(name);
+      const auto hf = nlohmann::json::parse(read_file(kModels + "/" + name + "/config.json"));
+      // from the parsed fields only (raw emptied), so nothing is merely copied through
+      auto c = load_config(kModels + "/" + name);
+      c.raw = nlohmann::json::object();
+      if (hf.contains("rope_parameters")) c.raw["rope_parameters"] = nlohmann::json::object();
+      const auto ours = config_to_json(c);
+      for (const auto& [key, want] : ours.items()) {
+        CAPTURE(key);
+        REQUIRE(hf.contains(key));  // nothing invented
+        CHECK(want == hf[key]);
+      }
+      // every field hybridrl models is written
+      for (const char* key : {"architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",
+                              "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                              "max_position_embeddings", "rms_norm_eps", "hidden_act", "tie_word_embeddings",
+                              "bos_token_id", "eos_token_id", "dtype"}) {
+        CAPTURE(key);
+        CHECK(ours.contains(key));
+      }
+      CHECK(ours.contains("head_dim") == (name != "qwen2"));  // Qwen2Config derives it
+      // and with raw kept, the whole file round-trips
+      CHECK(config_to_json(load_config(kModels + "/" + name)) == hf);
+    }
+  }
+
+  TEST_CASE("expected_parameter_shapes equals the model's parameters (policy and critic)") {
+    for (const std::string name : {"llama", "mistral", "qwen2"}) {
+      CAPTURE(name);
+      const auto c = load_config(kModels + "/" + name);
+      CausalLM m(c);
+      std::map<std::string, std::vector<int64_t>> got;
+      for (const auto& p : m->named_parameters()) got[p.key()] = p.value().sizes().vec();
+      auto as_map = [](const std::vector<ParameterShape>& v) {
+        std::map<std::string, std::vector<int64_t>> m;
+        for (const auto& p : v) m[p.name] = p.shape;
+        CHECK(m.size() == v.size());  // no name twice
+        return m;
+      };
+      CHECK(got == as_map(expected_parameter_shapes(c)));
+      ValueModel v(c);
+      got.clear();
+      for (const auto& p : v->named_parameters()) got[p.key()] = p.value().sizes().vec();
+      CHECK(got == as_map(expected_parameter_shapes(c, true)));
+    }
+  }
+
+  TEST_CASE("shapes are checked before the model is built: a 2 KB config cannot allocate 10^9 layers") {
+    auto d = copy_fixture("llama", "huge");
+    auto j = nlohmann::json::parse(read_file(d.path / "config.json"));
+    j["num_hidden_layers"] = 1000000000;
+    write_file(d.path / "config.json", j.dump());
+    auto msg = error_of([&] { load_causal_lm(d.str()); });
+    CHECK(msg.find("model.layers.999999999.input_layernorm.weight") != std::string::npos);
+    j["num_hidden_layers"] = 2;
+    j["vocab_size"] = 1000000000;  // 256 GB of fp32 embedding if built first
+    write_file(d.path / "config.json", j.dump());
+    msg = error_of([&] { load_causal_lm(d.str()); });
+    CHECK(msg.find("tensor 'model.embed_tokens.weight' has shape [320, 64] but config.json implies [1000000000, 64]") !=
+          std::string::npos);
+  }
+
+  TEST_CASE("save_pretrained removes only HF weight files of an earlier save; the user's stay") {
+    torch::NoGradGuard g;
+    auto m = load_causal_lm(kModels + "/llama");
+    TempDir out("stale");
+    save_pretrained(m, out.str(), SaveOptions{}.max_shard_bytes(100000));  // sharded
+    size_t shards = 0;
+    for (const auto& e : fs::directory_iterator(out.path)) shards += e.path().filename().string().rfind("model-", 0) == 0;
+    REQUIRE(shards > 1);
+    for (const char* keep : {"model_ema.safetensors", "model.best.safetensors", "model-reward.safetensors",
+                             "models.safetensors", "model-1-of-2.safetensors", "notes.txt"}) {
+      write_file(out.path / keep, "user data");
+    }
+    write_file(out.path / "model.safetensors.hybridrl-tmp.123.4.5.6", "crashed save");
+    save_pretrained(m, out.str());  // single file now
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(out.path)) files.insert(e.path().filename().string());
+    CHECK(files == std::set<std::string>{"config.json", "model.safetensors", "model_ema.safetensors",
+                                         "model.best.safetensors", "model-reward.safetensors", "models.safetensors",
+                                         "model-1-of-2.safetensors", "notes.txt"});
+    CHECK(read_file(out.path / "model_ema.safetensors") == "user data");
+    auto back = load_causal_lm(out.str());
+    CHECK(max_diff(back->model->norm->weight, m->model->norm->weight) == 0.0);
+  }
+
+  TEST_CASE("safetensors: the reference reader's layout and header rules") {
+    TempDir d("layout");
+    const std::string f4 = std::string(16, '\0');
+    // valid: two tensors tiling the data
+    CHECK(safetensors_error(d, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", f4) == "(no error)");
+    CHECK(safetensors_error(d, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", f4)
+              .find("overlap another tensor") != std::string::npos);
+    CHECK(safetensors_error(d, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", f4).find("leave a gap") != std::string::npos);
+    CHECK(safetensors_error(d, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f4)
+              .find("cover 8 of the 16 data bytes") != std::string::npos);
+    CHECK(safetensors_error(d, std::string(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})") + '\0' + "junk", f4)
+              .find("NUL byte") != std::string::npos);
+    CHECK(safetensors_error(d, std::string(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})") + std::string(6, '\0'), f4)
+              .find("NUL byte") != std::string::npos);
+    // space padding is the format's own and stays valid
+    CHECK(safetensors_error(d, std::string(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})") + "      ", f4) == "(no error)");
+    CHECK(safetensors_error(d, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", f4)
+              .find("\"a\" appears twice") != std::string::npos);
+    CHECK(safetensors_error(d, R"({"__metadata__":{"format":1},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", f4)
+              .find("__metadata__ value 'format' is number, not a string") != std::string::npos);
+    CHECK(safetensors_error(d, R"({"a":{"dtype":"F32","shape":[0,9223372036854775813],"data_offsets":[0,0]}})", "")
+              .find("impossibly large") != std::string::npos);
+    const auto deep = "{\"a\":{\"dtype\":\"F32\",\"shape\":" + std::string(200000, '[') + std::string(200000, ']') +
+                      ",\"data_offsets\":[0,0]}}";
+    CHECK(safetensors_error(d, deep, "").find("nesting deeper than") != std::string::npos);
+    {  // a length field beyond 100 MB is rejected before anything is parsed
+      const auto p = d.path / "big.safetensors";
+      std::string bytes(8, '\0');
+      const uint64_t n = 200'000'000;
+      for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+      write_file(p, bytes + "{}");
+      CHECK(error_of([&] { SafetensorsFile f(p.string()); }).find("more than the format's limit") != std::string::npos);
+    }
+    {  // a FIFO: rejected at once, no blocking open
+      const auto p = (d.path / "fifo.safetensors").string();
+      REQUIRE(::mkfifo(p.c_str(), 0600) == 0);
+      CHECK(error_of([&] { SafetensorsFile f(p); }).find("is not a regular file") != std::string::npos);
+    }
+    CHECK(error_of([&] { SafetensorsFile f(d.str()); }).find("is not a regular file") != std::string::npos);
+    {  // a Git LFS pointer instead of the weights: named as such
+      const auto p = d.path / "lfs.safetensors";
+      write_file(p, "version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 12\n");
+      const auto msg = error_of([&] { SafetensorsFile f(p.string()); });
+      CHECK(msg.find("starts with bytes 76 65 72 73 69 6f 6e 20") != std::string::npos);
+      CHECK(msg.find("Git LFS pointer") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("safetensors: an in-place op on a zero-copy tensor changes only this process's copy") {
+    TempDir d("cow");
+    const auto p = (d.path / "w.safetensors").string();
+    save_safetensors(p, {{"w", torch::arange(1024, torch::kFloat)}});
+    const auto before = read_file(p);
+    SafetensorsFile f(p);
+    auto t = f.get("w");
+    t.add_(1.0f);  // PROT_READ mapping: SIGSEGV before
+    CHECK(t[0].item<float>() == 1.0f);
+    CHECK(read_file(p) == before);
+    CHECK(SafetensorsFile(p).get("w")[0].item<float>() == 0.0f);
+  }
+
+  TEST_CASE("index weight_map: absolute names and '..' are rejected before any file is opened") {
+    for (const std::string bad : {"/etc/passwd", "../llama/model.safetensors", "sub/../../x", ""}) {
+      CAPTURE(bad);
+      auto d = copy_fixture("mistral", "idx");
+      auto j = nlohmann::json::parse(read_file(d.path / "model.safetensors.index.json"));
+      j["weight_map"]["model.norm.weight"] = bad;
+      write_file(d.path / "model.safetensors.index.json", j.dump());
+      const auto msg = error_of([&] { PretrainedReader r(d.str()); });
+      CHECK(msg.find("which is not inside the checkpoint directory") != std::string::npos);
+      CHECK(msg.find("root:") == std::string::npos);
     }
   }
 

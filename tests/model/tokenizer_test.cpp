@@ -3,14 +3,30 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
 
-#include "hybridrl/model/sentencepiece_tokenizer.hpp"
-#include "hybridrl/model/tokenizer.hpp"
+#include "hybridrl/model/config.hpp"
+#include "hybridrl/tokenizer/tokenizer.hpp"
+#if HYBRIDRL_WITH_SENTENCEPIECE
+#include "hybridrl/tokenizer/sentencepiece.hpp"
+#endif
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
 
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
 TEST_SUITE("model/tokenizer") {
+#if HYBRIDRL_WITH_SENTENCEPIECE
   TEST_CASE("sentencepiece: ids, BOS/EOS and decode equal the reference") {
     const std::string dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/tokenizer";
     std::ifstream in(dir + "/expected.json");
@@ -44,6 +60,35 @@ TEST_SUITE("model/tokenizer") {
     }
     const std::string bad = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama/config.json";
     CHECK_THROWS_AS(SentencePieceTokenizer{bad}, Error);
+    // a checkpoint directory without any tokenizer: the fix must not blame tokenizer.json
+    const auto msg = error_of([] { SentencePieceTokenizer t(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama"); });
+    CHECK(msg.find("has no tokenizer.model") != std::string::npos);
+    CHECK(msg.find("ByteTokenizer") != std::string::npos);
+    CHECK(msg.find("tokenizer.json") == std::string::npos);
+  }
+
+  TEST_CASE("sentencepiece: piece() range-checks the id; vocabulary 400 vs model 320 is a clear Error") {
+    SentencePieceTokenizer tok(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/tokenizer");
+    CHECK(tok.piece(tok.bos_id()) == "<s>");
+    CHECK(error_of([&] { (void)tok.piece(tok.vocab_size()); }).find("outside the vocabulary") != std::string::npos);
+    CHECK(error_of([&] { (void)tok.piece(-1); }).find("outside the vocabulary") != std::string::npos);
+    // 2^32 + 5 would have been truncated to 5 by the int cast
+    CHECK_THROWS_AS((void)tok.piece((int64_t{1} << 32) + 5), Error);
+    auto config = load_config(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama");
+    REQUIRE(config.vocab_size == 320);
+    REQUIRE(tok.vocab_size() == 400);
+    const auto msg = error_of([&] { check_vocabulary(tok, config); });
+    CHECK(msg.find("vocabulary has 400 ids but the model's vocab_size is 320") != std::string::npos);
+    CHECK(msg.find("320..399") != std::string::npos);
+  }
+#endif
+
+  TEST_CASE("check_vocabulary: a tokenizer within the model's vocabulary passes") {
+    ModelConfig c;
+    c.vocab_size = 320;
+    check_vocabulary(ByteTokenizer{}, c);  // 259 <= 320
+    c.vocab_size = 258;
+    CHECK(error_of([&] { check_vocabulary(ByteTokenizer{}, c); }).find("259 ids") != std::string::npos);
   }
 
   TEST_CASE("byte tokenizer: bytes, BOS, specials skipped on decode") {

@@ -5,9 +5,10 @@
 ///   `data_source` (string); every other field is kept in the "extra" column.
 /// - PreferenceDataset (DPO): `prompt`, `chosen`, `rejected` (strings).
 /// - LabelledDataset (KTO): `prompt`, `completion` (strings), `label` (true = desirable).
-/// A malformed line (bad JSON, missing field, wrong type, empty text, too long) throws
+/// A malformed line (bad JSON or nesting deeper than 64, missing field, wrong type, empty text,
+/// too long, text the tokenizer rejects) throws
 /// hybridrl::Error naming the file and line, or with `OnError::skip` is skipped and counted in
-/// DataStatistics. Nothing is truncated.
+/// DataStatistics. Nothing is truncated: a read error midway is an Error.
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,8 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/policy.hpp"
-#include "hybridrl/model/tokenizer.hpp"
+#include "hybridrl/io/json.hpp"
+#include "hybridrl/tokenizer/tokenizer.hpp"
 
 namespace hybridrl {
 
@@ -41,10 +43,14 @@ enum class OnError {
 };
 
 /// Why a line was rejected; also the index into DataStatistics::skipped.
-enum class LineError { bad_json, missing_field, wrong_type, empty_text, too_long };
+enum class LineError { bad_json, missing_field, wrong_type, empty_text, too_long, bad_text };
 
 /// Number of LineError values.
-inline constexpr int kLineErrorCount = 5;
+inline constexpr int kLineErrorCount = 6;
+
+/// Deepest JSON nesting a dataset line may have (deeper is `bad_json`, not a stack overflow when
+/// the extra fields are copied into batches).
+inline constexpr int kMaxLineDepth = 64;
 
 /// Short name of a LineError, as used in statistics and messages ("bad_json", ...).
 [[nodiscard]] inline std::string_view to_string(LineError e) noexcept {
@@ -54,6 +60,7 @@ inline constexpr int kLineErrorCount = 5;
     case LineError::wrong_type: return "wrong_type";
     case LineError::empty_text: return "empty_text";
     case LineError::too_long: return "too_long";
+    case LineError::bad_text: return "bad_text";
   }
   return "unknown";
 }
@@ -226,17 +233,20 @@ std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
       continue;
     }
     try {
-      nlohmann::json obj;
-      try {
-        obj = nlohmann::json::parse(text);
-      } catch (const nlohmann::json::parse_error& e) {
-        throw LineFailure{LineError::bad_json, fmt::format("bad JSON ({})", e.what())};
-      }
+      // Depth-capped and NUL-rejecting; every nlohmann exception (1e400's out_of_range too) is a
+      // bad_json line, not an escaping exception.
+      auto parsed = io::parse_json(text, io::JsonLimits{.max_depth = kMaxLineDepth});
+      if (!parsed) throw LineFailure{LineError::bad_json, fmt::format("bad JSON ({})", parsed.error)};
+      nlohmann::json obj = std::move(parsed.value);
       if (!obj.is_object()) {
         throw LineFailure{LineError::wrong_type,
                           fmt::format("the line is a JSON {}, expected an object", obj.type_name())};
       }
-      out.push_back(parse(std::move(obj), line));
+      try {
+        out.push_back(parse(std::move(obj), line));
+      } catch (const Error& e) {  // the tokenizer's: gets file:line and honours skip like the rest
+        throw LineFailure{LineError::bad_text, fmt::format("the tokenizer rejected the text: {}", e.problem())};
+      }
       ++stats.samples;
     } catch (const LineFailure& f) {
       const auto where = fmt::format("{}:{}: {} ({})", source, line, f.message, to_string(f.reason));
@@ -251,6 +261,11 @@ std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
       if (stats.first_skips.size() < 16) stats.first_skips.push_back(where);
     }
   }
+  // getline stops at EOF and at a read error alike: tell them apart, never truncate silently.
+  HYBRIDRL_CHECK(!in.bad(),
+                 fmt::format("{}: reading failed after line {} (an I/O error, or not a regular file)",
+                             source, line),
+                 "check the file and the file system; nothing was loaded");
   return out;
 }
 

@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/io/json.hpp"
 
 namespace hybridrl {
 
@@ -53,11 +56,11 @@ struct ModelConfig {
   std::string dtype = "float32";       ///< the checkpoint's stored dtype (`dtype`/`torch_dtype`)
   nlohmann::json raw = nlohmann::json::object();  ///< the config.json this was read from
 
-  /// Checks the numbers are consistent; throws Error naming the field.
+  /// Checks the numbers are consistent; throws Error whose problem starts with the field's name.
   void validate() const {
+    const std::string fix = "fix config.json (compare it with one written by transformers' save_pretrained)";
     auto pos = [&](int64_t v, const char* name) {
-      HYBRIDRL_CHECK(v > 0, fmt::format("config: {} = {} must be positive", name, v),
-                     "fix config.json");
+      HYBRIDRL_CHECK(v > 0, fmt::format("{} = {} must be positive", name, v), fix);
     };
     pos(vocab_size, "vocab_size");
     pos(hidden_size, "hidden_size");
@@ -66,18 +69,53 @@ struct ModelConfig {
     pos(num_attention_heads, "num_attention_heads");
     pos(num_key_value_heads, "num_key_value_heads");
     pos(head_dim, "head_dim");
+    pos(max_position_embeddings, "max_position_embeddings");
     HYBRIDRL_CHECK(num_attention_heads % num_key_value_heads == 0,
-                   fmt::format("config: num_attention_heads {} is not a multiple of "
-                               "num_key_value_heads {}", num_attention_heads, num_key_value_heads),
+                   fmt::format("num_attention_heads = {} is not a multiple of num_key_value_heads = {}",
+                               num_attention_heads, num_key_value_heads),
                    "grouped-query attention needs heads = groups × kv heads");
-    HYBRIDRL_CHECK(head_dim % 2 == 0, fmt::format("config: head_dim {} is odd", head_dim),
+    HYBRIDRL_CHECK(head_dim % 2 == 0, fmt::format("head_dim = {} is odd", head_dim),
                    "rotary embeddings need an even head_dim");
+    auto positive = [&](double v, const char* name) {
+      HYBRIDRL_CHECK(v > 0 && std::isfinite(v), fmt::format("{} = {} must be positive and finite", name, v), fix);
+    };
+    positive(rms_norm_eps, "rms_norm_eps");
+    positive(rope_theta, "rope_theta");
+    HYBRIDRL_CHECK(initializer_range >= 0 && std::isfinite(initializer_range),
+                   fmt::format("initializer_range = {} must be non-negative", initializer_range), fix);
+    HYBRIDRL_CHECK(!sliding_window || *sliding_window > 0,
+                   fmt::format("sliding_window = {} must be positive (or null for full attention)",
+                               sliding_window.value_or(0)),
+                   fix);
     HYBRIDRL_CHECK(rope_scaling.type == "default" || rope_scaling.type == "linear" ||
                        rope_scaling.type == "llama3",
-                   fmt::format("config: rope type '{}' is not supported", rope_scaling.type),
+                   fmt::format("rope_scaling.rope_type = '{}' is not supported", rope_scaling.type),
                    "hybridrl supports rope types default, linear and llama3");
+    if (rope_scaling.type != "default") positive(rope_scaling.factor, "rope_scaling.factor");
+    if (rope_scaling.type == "llama3") {
+      positive(rope_scaling.low_freq_factor, "rope_scaling.low_freq_factor");
+      HYBRIDRL_CHECK(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor,
+                     fmt::format("rope_scaling.high_freq_factor = {} must exceed low_freq_factor = {}",
+                                 rope_scaling.high_freq_factor, rope_scaling.low_freq_factor),
+                     fix);
+      pos(rope_scaling.original_max_position_embeddings, "rope_scaling.original_max_position_embeddings");
+    }
   }
 };
+
+/// Checks that every id `tok` can produce indexes the model's embedding: a tokenizer vocabulary
+/// larger than `config.vocab_size` would otherwise end in a raw torch "index out of range".
+/// (A smaller tokenizer vocabulary is fine: checkpoints often pad vocab_size.)
+template <class Tok>
+void check_vocabulary(const Tok& tok, const ModelConfig& config) {
+  const auto n = static_cast<int64_t>(tok.vocab_size());
+  HYBRIDRL_CHECK(n <= config.vocab_size,
+                 fmt::format("the tokenizer's vocabulary has {} ids but the model's vocab_size is {}: "
+                             "token ids {}..{} would index past the embedding",
+                             n, config.vocab_size, config.vocab_size, n - 1),
+                 "use the tokenizer saved with this checkpoint (the tiny test fixtures with vocab_size "
+                 "320 use ByteTokenizer)");
+}
 
 /// The architectures hybridrl implements, by Hugging Face class name.
 inline const std::vector<std::string>& supported_architectures() {
@@ -102,7 +140,22 @@ inline std::string architecture_prefix(const std::string& arch) {
 template <class T>
 T json_or(const nlohmann::json& j, const char* key, T fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
+  if constexpr (std::is_same_v<T, int64_t>) {
+    // nlohmann would truncate 32000.7 to 32000 and wrap 2^64-1 to -1: integers only.
+    HYBRIDRL_CHECK(j[key].is_number_integer() &&
+                       (!j[key].is_number_unsigned() ||
+                        j[key].get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)),
+                   fmt::format("{} = {} is not an integer", key, io::brief(j[key])),
+                   "write the field as a whole number");
+  }
   return j[key].get<T>();
+}
+
+/// A required integer field.
+inline int64_t json_int(const nlohmann::json& j, const char* key) {
+  HYBRIDRL_CHECK(j.contains(key) && !j[key].is_null(), fmt::format("{} is missing", key),
+                 "add the field (transformers' save_pretrained writes it)");
+  return json_or<int64_t>(j, key, 0);
 }
 
 }  // namespace detail
@@ -111,7 +164,9 @@ T json_or(const nlohmann::json& j, const char* key, T fallback) {
 /// implement is an Error that lists the supported ones.
 inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& source = "config.json") {
   ModelConfig c;
-  c.raw = j;
+  HYBRIDRL_CHECK(j.is_object(), fmt::format("'{}' is not a JSON object", source),
+                 "pass a config.json written by transformers' save_pretrained");
+  c.raw = j;  // callers parse with io::parse_json, whose depth cap keeps this copy shallow
   try {
     std::string arch;
     if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
@@ -120,7 +175,7 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
     const std::string prefix = detail::architecture_prefix(arch);
     const bool known = prefix == "Llama" || prefix == "Mistral" || prefix == "Qwen2";
     HYBRIDRL_CHECK(known,
-                   fmt::format("'{}': unknown architecture '{}'", source,
+                   fmt::format("unknown architecture '{}'",
                                arch.empty() ? std::string("(none given)") : arch),
                    "hybridrl implements LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM "
                    "(and their ForTokenClassification critics)");
@@ -128,13 +183,16 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
     c.model_type = detail::json_or<std::string>(j, "model_type", prefix == "Qwen2" ? "qwen2"
                                                                   : prefix == "Mistral" ? "mistral"
                                                                                         : "llama");
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    c.intermediate_size = j.at("intermediate_size").get<int64_t>();
-    c.num_hidden_layers = j.at("num_hidden_layers").get<int64_t>();
-    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
+    c.vocab_size = detail::json_int(j, "vocab_size");
+    c.hidden_size = detail::json_int(j, "hidden_size");
+    c.intermediate_size = detail::json_int(j, "intermediate_size");
+    c.num_hidden_layers = detail::json_int(j, "num_hidden_layers");
+    c.num_attention_heads = detail::json_int(j, "num_attention_heads");
     c.num_key_value_heads = detail::json_or<int64_t>(j, "num_key_value_heads", c.num_attention_heads);
-    c.head_dim = detail::json_or<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads);
+    // The fallback divides: only with a positive head count (validate() reports the rest).
+    const int64_t derived_head_dim =
+        c.num_attention_heads > 0 && c.hidden_size > 0 ? c.hidden_size / c.num_attention_heads : 0;
+    c.head_dim = detail::json_or<int64_t>(j, "head_dim", derived_head_dim);
     c.max_position_embeddings = detail::json_or<int64_t>(j, "max_position_embeddings", 2048);
     c.rms_norm_eps = detail::json_or<double>(j, "rms_norm_eps", 1e-6);
     c.attention_bias = detail::json_or<bool>(j, "attention_bias", false);
@@ -146,10 +204,12 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
       if (!j.contains(key) || !j[key].is_number_integer()) return std::nullopt;
       return j[key].get<int64_t>();
     };
-    if (prefix == "Mistral") c.sliding_window = id("sliding_window");
+    if (prefix == "Mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+      c.sliding_window = detail::json_or<int64_t>(j, "sliding_window", 0);
+    }
     HYBRIDRL_CHECK(!(prefix == "Qwen2" && detail::json_or<bool>(j, "use_sliding_window", false)),
-                   fmt::format("'{}': Qwen2 with use_sliding_window=true is not supported", source),
-                   "set use_sliding_window to false (Qwen2 checkpoints ship with it off)");
+                   "use_sliding_window = true (Qwen2) is not supported yet",
+                   "set use_sliding_window to false (published Qwen2 checkpoints ship with it off)");
     c.bos_token_id = id("bos_token_id");
     c.eos_token_id = id("eos_token_id");
     c.pad_token_id = id("pad_token_id");
@@ -169,14 +229,12 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
     c.rope_scaling.original_max_position_embeddings =
         detail::json_or<int64_t>(rope, "original_max_position_embeddings", 8192);
     const auto act = detail::json_or<std::string>(j, "hidden_act", "silu");
-    HYBRIDRL_CHECK(act == "silu", fmt::format("'{}': hidden_act '{}' is not supported", source, act),
+    HYBRIDRL_CHECK(act == "silu", fmt::format("hidden_act = '{}' is not supported", act),
                    "hybridrl's SwiGLU MLP uses silu, as Llama, Mistral and Qwen2 do");
+    c.validate();
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("'{}': missing or mistyped field ({})", source, e.what()),
                 "compare the file with a config.json written by transformers' save_pretrained");
-  }
-  try {
-    c.validate();
   } catch (const Error& e) {
     throw Error(fmt::format("'{}': {}", source, e.problem()), e.fix());
   }
@@ -186,17 +244,16 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
 /// Reads `<dir>/config.json` (or `dir` itself when it names a file).
 inline ModelConfig load_config(const std::string& path) {
   namespace fs = std::filesystem;
-  const auto file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
-  std::ifstream in(file);
-  HYBRIDRL_CHECK(in.good(), fmt::format("cannot read '{}'", file),
+  std::error_code dir_ec;
+  const auto file = fs::is_directory(path, dir_ec) ? (fs::path(path) / "config.json").string() : path;
+  std::error_code ec;
+  HYBRIDRL_CHECK(fs::is_regular_file(file, ec), fmt::format("cannot read '{}': no such file", file),
                  "pass a Hugging Face checkpoint directory that holds config.json");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("'{}' is not valid JSON ({})", file, e.what()), "repair or re-save config.json");
-  }
-  return config_from_json(j, file);
+  const auto text = io::read_text_file(file, "config", size_t{64} << 20);
+  auto parsed = io::parse_json(text);
+  HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("'{}' is not valid JSON ({})", file, parsed.error),
+                 "repair or re-save config.json");
+  return config_from_json(parsed.value, file);
 }
 
 /// config.json for `c` under the HF class name `architecture` (default: c.architecture), starting
@@ -212,7 +269,12 @@ inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& ar
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_key_value_heads"] = c.num_key_value_heads;
-  j["head_dim"] = c.head_dim;
+  // LlamaConfig and MistralConfig always carry head_dim; Qwen2Config has none (it derives it), so
+  // it is written there only when it differs from hidden_size / num_attention_heads.
+  if (c.model_type != "qwen2" || j.contains("head_dim") ||
+      c.head_dim * c.num_attention_heads != c.hidden_size) {
+    j["head_dim"] = c.head_dim;
+  }
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["hidden_act"] = "silu";

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// Models: the Llama-family causal LM and critic (Llama, Mistral, Qwen2), Hugging Face checkpoint
-/// I/O (config.json + safetensors), activation checkpointing, and tokenizers (byte-level, and
-/// sentencepiece). See docs/models.md.
+/// I/O (config.json + safetensors), activation checkpointing, and the tokenizer concept with
+/// ByteTokenizer. The sentencepiece tokenizer is optional and not included here: include
+/// <hybridrl/tokenizer/sentencepiece.hpp> yourself. See docs/models.md.
 
 #include "hybridrl/model/checkpointing.hpp"
 #include "hybridrl/model/config.hpp"
@@ -10,5 +11,4 @@
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/safetensors.hpp"
 #include "hybridrl/model/pretrained.hpp"
-#include "hybridrl/model/tokenizer.hpp"
-#include "hybridrl/model/sentencepiece_tokenizer.hpp"
+#include "hybridrl/tokenizer/tokenizer.hpp"

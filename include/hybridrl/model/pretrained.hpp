@@ -4,8 +4,9 @@
 /// `model-0000k-of-0000n.safetensors` with `model.safetensors.index.json`, by HF tensor names, in
 /// fp32 / bf16 / fp16. Loading validates every tensor (present, right shape) before copying any,
 /// so a bad checkpoint is an Error naming the file and tensor, never a half-loaded model. Files are
-/// memory-mapped and copied once, straight into the parameters. Saving writes each file to a
-/// temporary name and renames it, then removes stale shards of an earlier save.
+/// memory-mapped and copied once, straight into the parameters. Saving writes each file through
+/// io::AtomicFile, removes the HF weight files of an earlier save (only those), and writes
+/// config.json last.
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -22,10 +23,15 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <unistd.h>
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/io/json.hpp"
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/safetensors.hpp"
@@ -62,31 +68,31 @@ inline std::string hf_dtype_name(at::ScalarType t) {
   }
 }
 
-/// The tensors of a checkpoint directory: every shard memory-mapped, names mapped to their file.
-class CheckpointReader {
+/// The tensors of a Hugging Face model directory (pretrained weights; "checkpoint" in hybridrl
+/// means a training checkpoint): every shard memory-mapped, names mapped to their file.
+class PretrainedReader {
  public:
   /// Opens `dir`: model.safetensors, or the shards listed by model.safetensors.index.json.
-  explicit CheckpointReader(const std::string& dir) : dir_(dir) {
+  explicit PretrainedReader(const std::string& dir) : dir_(dir) {
     namespace fs = std::filesystem;
     const auto single = fs::path(dir) / "model.safetensors";
     const auto index = fs::path(dir) / "model.safetensors.index.json";
-    if (fs::exists(single)) {
+    std::error_code ec;
+    if (fs::exists(single, ec)) {
       source_ = single.string();
       files_.emplace_back(single.string());
       for (const auto& n : files_.back().names()) where_[n] = 0;
       return;
     }
-    HYBRIDRL_CHECK(fs::exists(index),
+    HYBRIDRL_CHECK(fs::exists(index, ec),
                    fmt::format("'{}' has neither model.safetensors nor model.safetensors.index.json", dir),
                    "save the checkpoint with save_pretrained (safe_serialization, the default)");
     source_ = index.string();
-    nlohmann::json j;
-    try {
-      std::ifstream in(index);
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("'{}' is not valid JSON ({})", index.string(), e.what()), "re-save the checkpoint");
-    }
+    auto parsed = io::parse_json(io::read_text_file(index.string(), "index", size_t{256} << 20));
+    HYBRIDRL_CHECK(static_cast<bool>(parsed),
+                   fmt::format("'{}' is not valid JSON ({})", index.string(), parsed.error), "re-save the checkpoint");
+    const nlohmann::json& j = parsed.value;
+    HYBRIDRL_CHECK(j.is_object(), fmt::format("'{}' is not a JSON object", index.string()), "re-save the checkpoint");
     HYBRIDRL_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
                    fmt::format("'{}' has no weight_map object", index.string()), "re-save the checkpoint");
     std::map<std::string, size_t> file_index;
@@ -94,6 +100,7 @@ class CheckpointReader {
       HYBRIDRL_CHECK(file.is_string(), fmt::format("'{}': weight_map['{}'] is not a file name", index.string(), name),
                      "re-save the checkpoint");
       const auto f = file.get<std::string>();
+      check_shard_name(f, name, index.string());
       auto it = file_index.find(f);
       if (it == file_index.end()) {
         files_.emplace_back((fs::path(dir) / f).string());
@@ -112,6 +119,13 @@ class CheckpointReader {
   [[nodiscard]] std::string file_of(const std::string& name) const {
     auto it = where_.find(name);
     return it == where_.end() ? dir_ : files_[it->second].path();
+  }
+  /// Dtype, shape and offsets of `name` from its file's header (no tensor is created).
+  [[nodiscard]] const SafetensorsEntry& entry(const std::string& name) const {
+    auto it = where_.find(name);
+    HYBRIDRL_CHECK(it != where_.end(), fmt::format("checkpoint '{}' has no tensor '{}'", dir_, name),
+                   "check that the checkpoint matches config.json's architecture and sizes");
+    return files_[it->second].entry(name);
   }
   /// Zero-copy CPU view of `name` (see SafetensorsFile::get).
   [[nodiscard]] at::Tensor get(const std::string& name) const {
@@ -132,6 +146,17 @@ class CheckpointReader {
   [[nodiscard]] const std::string& source() const noexcept { return source_; }
 
  private:
+  /// A shard name stays inside the directory: not empty, not absolute, no `..` component, no NUL
+  /// (HF shard names are plain file names), so an index cannot point at /etc/passwd or ../x.
+  static void check_shard_name(const std::string& f, const std::string& tensor, const std::string& index) {
+    bool ok = !f.empty() && f.front() != '/' && f.find('\0') == std::string::npos;
+    for (const auto& part : std::filesystem::path(f)) ok = ok && part != "..";
+    HYBRIDRL_CHECK(ok,
+                   fmt::format("'{}': weight_map['{}'] names the file '{}', which is not inside the "
+                               "checkpoint directory", index, tensor, f.size() > 200 ? f.substr(0, 200) + "..." : f),
+                   "shard names must be plain relative file names such as model-00001-of-00002.safetensors");
+  }
+
   std::string dir_;
   std::string source_;
   std::vector<SafetensorsFile> files_;
@@ -142,7 +167,7 @@ class CheckpointReader {
 /// checked (present, same shape) before any is written. `ignore_missing` lists names that may be
 /// absent (left as they are); with `strict`, checkpoint tensors the module does not have are an
 /// error unless listed in `allowed_extra` (exact names or prefixes ending in '.').
-inline void load_weights(torch::nn::Module& module, const CheckpointReader& ckpt, bool strict = true,
+inline void load_weights(torch::nn::Module& module, const PretrainedReader& ckpt, bool strict = true,
                          const std::set<std::string>& allowed_extra = {},
                          const std::set<std::string>& ignore_missing = {}) {
   auto params = module.named_parameters();
@@ -184,11 +209,95 @@ inline void load_weights(torch::nn::Module& module, const CheckpointReader& ckpt
   for (auto& [param, src] : plan) param.copy_(src);
 }
 
+/// One tensor a model has: its Hugging Face name and shape.
+struct ParameterShape {
+  std::string name;            ///< e.g. model.layers.0.mlp.up_proj.weight
+  std::vector<int64_t> shape;  ///< e.g. [intermediate_size, hidden_size]
+};
+
+/// The tensors a Llama-family decoder with `c` has, in HF order (embedding; per layer attention,
+/// MLP, norms; final norm; `lm_head.weight` unless tied, or the critic's `score.weight`/`score.bias`
+/// when `critic`). Computed from the config alone, so a checkpoint is checked before any model
+/// memory is allocated.
+inline std::vector<ParameterShape> expected_parameter_shapes(const ModelConfig& c, bool critic = false) {
+  std::vector<ParameterShape> s;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim;
+  auto add = [&](std::string name, std::vector<int64_t> shape) { s.push_back({std::move(name), std::move(shape)}); };
+  add("model.embed_tokens.weight", {c.vocab_size, H});
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto p = fmt::format("model.layers.{}.", l);
+    add(p + "self_attn.q_proj.weight", {q, H});
+    add(p + "self_attn.k_proj.weight", {kv, H});
+    add(p + "self_attn.v_proj.weight", {kv, H});
+    add(p + "self_attn.o_proj.weight", {H, q});
+    if (qkv_bias) {
+      add(p + "self_attn.q_proj.bias", {q});
+      add(p + "self_attn.k_proj.bias", {kv});
+      add(p + "self_attn.v_proj.bias", {kv});
+    }
+    if (c.attention_bias) add(p + "self_attn.o_proj.bias", {H});
+    add(p + "mlp.gate_proj.weight", {I, H});
+    add(p + "mlp.up_proj.weight", {I, H});
+    add(p + "mlp.down_proj.weight", {H, I});
+    if (c.mlp_bias) {
+      add(p + "mlp.gate_proj.bias", {I});
+      add(p + "mlp.up_proj.bias", {I});
+      add(p + "mlp.down_proj.bias", {H});
+    }
+    add(p + "input_layernorm.weight", {H});
+    add(p + "post_attention_layernorm.weight", {H});
+  }
+  add("model.norm.weight", {H});
+  if (critic) {
+    add("score.weight", {1, H});
+    add("score.bias", {1});
+  } else if (!c.tie_word_embeddings) {
+    add("lm_head.weight", {c.vocab_size, H});
+  }
+  return s;
+}
+
+namespace detail {
+
+/// Checks every tensor the config implies against the checkpoint headers, before the model is
+/// built: a config.json whose sizes disagree with the weights (or a tiny config claiming 10^9
+/// layers) fails here without allocating the model. `optional` names may be absent.
+inline void check_shapes_before_building(const ModelConfig& c, const PretrainedReader& ckpt, bool critic,
+                                         const std::set<std::string>& optional = {}) {
+  // The layer count first, so a config claiming 10^9 layers fails before its name list is built.
+  const auto last = fmt::format("model.layers.{}.input_layernorm.weight", c.num_hidden_layers - 1);
+  HYBRIDRL_CHECK(ckpt.contains(last),
+                 fmt::format("'{}' has no tensor '{}': config.json's num_hidden_layers = {} is more than "
+                             "the checkpoint holds", ckpt.source(), last, c.num_hidden_layers),
+                 "the weights do not belong to this config.json: use the config saved with them");
+  for (const auto& [name, shape] : expected_parameter_shapes(c, critic)) {
+    if (!ckpt.contains(name)) {
+      HYBRIDRL_CHECK(optional.count(name) > 0,
+                     fmt::format("'{}' has no tensor '{}' (shape [{}])", ckpt.source(), name, fmt::join(shape, ", ")),
+                     "check that the checkpoint matches config.json (architecture, layers, tied embeddings)");
+      continue;
+    }
+    const auto& have = ckpt.entry(name).shape;
+    HYBRIDRL_CHECK(have == shape,
+                   fmt::format("'{}': tensor '{}' has shape [{}] but config.json implies [{}]", ckpt.file_of(name),
+                               name, fmt::join(have, ", "), fmt::join(shape, ", ")),
+                   "the weights do not belong to this config.json: use the config saved with them");
+  }
+}
+
+}  // namespace detail
+
 /// Loads a causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) from a Hugging Face
-/// checkpoint directory.
+/// checkpoint directory. Every tensor shape is checked against config.json before the model is
+/// built. (The model is then built with LibTorch's default CPU fp32 initialisation and converted:
+/// LibTorch 1.13's C++ modules allocate and initialise their parameters in the constructor, with
+/// no meta device or skip-init, so the peak host memory is 4 bytes per parameter.)
 inline CausalLM load_causal_lm(const std::string& dir, const LoadOptions& o = {}) {
   const auto config = load_config(dir);
-  CheckpointReader ckpt(dir);
+  PretrainedReader ckpt(dir);
+  detail::check_shapes_before_building(config, ckpt, false);
   CausalLM m(config);
   m->to(o.device(), o.dtype());
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight", "score.weight", "score.bias"});
@@ -199,7 +308,8 @@ inline CausalLM load_causal_lm(const std::string& dir, const LoadOptions& o = {}
 /// trunk is loaded and `score` freshly initialised, as verl's critic starts).
 inline ValueModel load_value_model(const std::string& dir, const LoadOptions& o = {}) {
   const auto config = load_config(dir);
-  CheckpointReader ckpt(dir);
+  PretrainedReader ckpt(dir);
+  detail::check_shapes_before_building(config, ckpt, true, {"score.weight", "score.bias"});
   ValueModel m(config);
   m->to(o.device(), o.dtype());
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight"}, {"score.weight", "score.bias"});
@@ -208,18 +318,25 @@ inline ValueModel load_value_model(const std::string& dir, const LoadOptions& o 
 
 namespace detail {
 
-/// Writes `text` to `path` atomically (temporary file + rename).
-inline void write_text_atomic(const std::string& path, const std::string& text) {
-  const auto tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    HYBRIDRL_CHECK(out.good(), fmt::format("cannot create '{}'", tmp), "check that the directory is writable");
-    out << text;
-    out.flush();
-    HYBRIDRL_CHECK(out.good(), fmt::format("writing '{}' failed", tmp), "check free disk space");
-  }
-  HYBRIDRL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, fmt::format("cannot rename '{}' to '{}'", tmp, path),
-                 "check permissions of the directory");
+/// Whether `f` is a file an HF save owns, which a new save may replace: `model.safetensors`,
+/// `model-NNNNN-of-NNNNN.safetensors`, the index, or a temporary hybridrl left from one of them.
+/// (transformers removes only these too; `model_ema.safetensors` and friends are the user's.)
+inline bool is_hf_weight_file(const std::string& f) {
+  auto shard = [](std::string_view n) {
+    // model-\d{5}-of-\d{5}.safetensors
+    if (n.size() != 32 || n.substr(0, 6) != "model-" || n.substr(11, 4) != "-of-" ||
+        n.substr(20) != ".safetensors") {
+      return false;
+    }
+    for (size_t i : {6, 7, 8, 9, 10, 15, 16, 17, 18, 19}) {
+      if (n[i] < '0' || n[i] > '9') return false;
+    }
+    return true;
+  };
+  std::string_view n = f;
+  if (const auto t = n.find(io::kTempMarker); t != std::string_view::npos) n = n.substr(0, t);
+  return n == "model.safetensors" || n == "model.safetensors.index.json" || shard(n) ||
+         (n != f && n == "config.json");
 }
 
 /// Writes `module`'s parameters as HF safetensors (sharded when larger than max_shard_bytes) and
@@ -258,17 +375,19 @@ inline void save_module(const torch::nn::Module& module, const nlohmann::json& c
       for (const auto& [t, v] : shards[k]) index["weight_map"][t] = name;
       written.insert(name);
     }
-    write_text_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2));
+    io::write_file_atomic((fs::path(dir) / "model.safetensors.index.json").string(), index.dump(2));
     written.insert("model.safetensors.index.json");
   }
-  write_text_atomic((fs::path(dir) / "config.json").string(), config.dump(2));
-  // Remove what an earlier save left behind, so HF never reads a mix of two saves.
+  // Remove what an earlier save left behind (its shards, index or single file, and temporaries of
+  // crashed saves), so HF never reads a mix of two saves; other files are the user's and stay.
+  std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto f = e.path().filename().string();
-    const bool ours = f.rfind("model", 0) == 0 &&
-                      (f.ends_with(".safetensors") || f == "model.safetensors.index.json");
-    if (ours && written.count(f) == 0) fs::remove(e.path());
+    if (is_hf_weight_file(f) && written.count(f) == 0) stale.push_back(e.path());
   }
+  for (const auto& p : stale) ::unlink(p.c_str());
+  // config.json last: until it is replaced, the directory's config still describes readable weights.
+  io::write_file_atomic((fs::path(dir) / "config.json").string(), config.dump(2));
 }
 
 }  // namespace detail

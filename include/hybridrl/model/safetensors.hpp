@@ -7,14 +7,18 @@
 ///
 /// SafetensorsFile memory-maps the file (POSIX mmap) and validates the whole header against the
 /// file size BEFORE any tensor is created, so a corrupt or truncated file is an Error naming the
-/// file and tensor, never a crash. Tensors it returns alias the mapping (zero copy); the mapping
-/// lives as long as any of them. save_safetensors writes a temporary file and renames it, so a
-/// reader never sees a half-written file.
+/// file and tensor, never a crash. The header rules are the reference reader's: at most 100 MB,
+/// no NUL or trailing bytes, no duplicate names, string-only `__metadata__`, and tensors that
+/// tile the data section exactly (sorted, from byte 0, no gap, overlap or uncovered byte).
+/// Tensors it returns alias a copy-on-write mapping (zero copy); the mapping lives as long as any
+/// of them. save_safetensors writes through io::AtomicFile, so a reader never sees a half-written
+/// file.
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -32,16 +36,19 @@
 #include <unistd.h>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/io/json.hpp"
 
 namespace hybridrl {
 
 namespace detail {
 
-/// A read-only memory mapping of a whole file; unmapped on destruction.
+/// A private (copy-on-write) memory mapping of a whole regular file; unmapped on destruction.
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; S_ISREG below rejects it.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     HYBRIDRL_CHECK(fd >= 0, fmt::format("cannot open '{}': {}", path, std::strerror(errno)),
                    "check that the file exists and is readable");
     struct stat st {};
@@ -51,15 +58,22 @@ class MappedFile {
       throw Error(fmt::format("cannot stat '{}': {}", path, std::strerror(err)),
                   "check that the path is a regular file");
     }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw Error(fmt::format("'{}' is not a regular file", path),
+                  "pass a safetensors file (a directory, FIFO or device cannot be a checkpoint)");
+    }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      // Copy-on-write: tensors alias these pages, and an in-place op on one writes a private
+      // copy instead of faulting; nothing ever reaches the file.
+      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
       const int err = errno;
       ::close(fd);
       HYBRIDRL_CHECK(p != MAP_FAILED,
                      fmt::format("cannot memory-map '{}': {}", path, std::strerror(err)),
                      "check free address space and that the file is a regular file");
-      data_ = static_cast<const uint8_t*>(p);
+      data_ = static_cast<uint8_t*>(p);
     } else {
       ::close(fd);
     }
@@ -67,16 +81,16 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
   ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ != nullptr) ::munmap(data_, size_);
   }
 
-  [[nodiscard]] const uint8_t* data() const noexcept { return data_; }
+  [[nodiscard]] uint8_t* data() const noexcept { return data_; }
   [[nodiscard]] size_t size() const noexcept { return size_; }
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
  private:
   std::string path_;
-  const uint8_t* data_ = nullptr;
+  uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
 
@@ -137,27 +151,48 @@ class SafetensorsFile {
                    fix);
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | map_->data()[i];
+    // An implausible length usually means another kind of file (a Git LFS pointer, HTML from a
+    // failed download): say what it starts with, in hex. MappedFile opened a regular file only,
+    // and PretrainedReader only names files inside the model directory.
+    auto starts = [&] {
+      std::string hex;
+      for (int i = 0; i < 8; ++i) hex += fmt::format("{}{:02x}", i ? " " : "", map_->data()[i]);
+      const bool lfs = std::memcmp(map_->data(), "version ", 8) == 0;
+      return fmt::format(" (the file starts with bytes {}{})", hex,
+                         lfs ? ", \"version \": a Git LFS pointer, not the weights; run git lfs pull" : "");
+    };
+    HYBRIDRL_CHECK(n <= kMaxHeaderBytes,
+                   fmt::format("'{}': the header claims {} bytes, more than the format's limit of {}{}",
+                               path, n, kMaxHeaderBytes, starts()),
+                   fix);
     HYBRIDRL_CHECK(n <= size - 8,
                    fmt::format("'{}': the header claims {} bytes but the file has only {} after the "
-                               "length field", path, n, size - 8),
+                               "length field{}", path, n, size - 8, starts()),
                    fix);
     data_offset_ = 8 + static_cast<size_t>(n);
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(map_->data() + 8, map_->data() + data_offset_);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("'{}': the safetensors header is not valid JSON ({})", path, e.what()),
-                  fix);
-    }
+    // Depth-capped, NUL-rejecting, duplicate-rejecting parse; trailing spaces (the format's
+    // padding) are whitespace, anything else after the object is an error.
+    auto parsed = io::parse_json(
+        std::string_view(reinterpret_cast<const char*>(map_->data()) + 8, static_cast<size_t>(n)),
+        io::JsonLimits{.max_depth = 8, .unique_keys = true});
+    HYBRIDRL_CHECK(static_cast<bool>(parsed),
+                   fmt::format("'{}': the safetensors header is not valid JSON ({})", path, parsed.error),
+                   fix);
+    const nlohmann::json& header = parsed.value;
     HYBRIDRL_CHECK(header.is_object(),
                    fmt::format("'{}': the safetensors header is not a JSON object", path), fix);
     const size_t data_size = size - data_offset_;
     for (const auto& [name, v] : header.items()) {
       if (name == "__metadata__") {
-        if (v.is_object()) {
-          for (const auto& [k, s] : v.items()) {
-            if (s.is_string()) metadata_[k] = s.get<std::string>();
-          }
+        HYBRIDRL_CHECK(v.is_object(),
+                       fmt::format("'{}': __metadata__ is {}, not an object of strings", path, v.type_name()),
+                       fix);
+        for (const auto& [k, s] : v.items()) {
+          HYBRIDRL_CHECK(s.is_string(),
+                         fmt::format("'{}': __metadata__ value '{}' is {}, not a string", path, k,
+                                     s.type_name()),
+                         fix);
+          metadata_[k] = s.get<std::string>();
         }
         continue;
       }
@@ -170,28 +205,30 @@ class SafetensorsFile {
       const auto dtype_name = v["dtype"].get<std::string>();
       const auto dtype = detail::safetensors_dtype(dtype_name);
       HYBRIDRL_CHECK(dtype.has_value(),
-                     fmt::format("{}: unknown dtype '{}'", where, dtype_name),
+                     fmt::format("{}: unknown dtype '{}'", where,
+                                 dtype_name.size() > 40 ? dtype_name.substr(0, 40) + "..." : dtype_name),
                      "hybridrl reads F64, F32, F16, BF16, I64, I32, I16, I8, U8 and BOOL; convert "
                      "the checkpoint to one of these");
       SafetensorsEntry e;
       e.dtype = *dtype;
+      const auto shape_text = io::brief(v["shape"]);
       uint64_t numel = 1;
       for (const auto& d : v["shape"]) {
         HYBRIDRL_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
                        fmt::format("{}: shape {} has a negative or non-integer dimension", where,
-                                   v["shape"].dump()),
+                                   shape_text),
                        fix);
         const auto dim = d.get<uint64_t>();
-        HYBRIDRL_CHECK(dim == 0 || numel <= (uint64_t{1} << 56) / dim,
-                       fmt::format("{}: shape {} is impossibly large", where, v["shape"].dump()),
-                       fix);
+        // Each dimension is bounded on its own too: [0, 2^63+5] holds 0 bytes but no tensor.
+        HYBRIDRL_CHECK(dim <= kMaxElements && (dim == 0 || numel <= kMaxElements / dim),
+                       fmt::format("{}: shape {} is impossibly large", where, shape_text), fix);
         numel *= dim;
         e.shape.push_back(static_cast<int64_t>(dim));
       }
       const auto& off = v["data_offsets"];
       HYBRIDRL_CHECK(off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                      fmt::format("{}: data_offsets {} are not non-negative integers", where,
-                                 off.dump()),
+                                 io::brief(off)),
                      fix);
       e.begin = off[0].get<size_t>();
       e.end = off[1].get<size_t>();
@@ -202,11 +239,17 @@ class SafetensorsFile {
       const auto want = numel * static_cast<uint64_t>(c10::elementSize(e.dtype));
       HYBRIDRL_CHECK(e.end - e.begin == want,
                      fmt::format("{}: {} bytes stored but dtype {} and shape {} need {}", where,
-                                 e.end - e.begin, dtype_name, v["shape"].dump(), want),
+                                 e.end - e.begin, dtype_name, shape_text, want),
                      fix);
       entries_.emplace(name, std::move(e));
     }
+    check_layout(path, data_size, fix);
   }
+
+  /// Largest header the format allows (the reference reader's limit: 100 MB).
+  static constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+  /// Largest element count of one tensor (and of one dimension): 2^56.
+  static constexpr uint64_t kMaxElements = uint64_t{1} << 56;
 
   /// The file's path.
   [[nodiscard]] const std::string& path() const noexcept { return map_->path(); }
@@ -232,21 +275,48 @@ class SafetensorsFile {
     return metadata_;
   }
 
-  /// A CPU tensor aliasing the mapped bytes of `name` (read-only: copy before writing to it). It
-  /// keeps the mapping alive. Unaligned data is copied once so the tensor is always usable.
+  /// A CPU tensor aliasing the mapped bytes of `name`; it keeps the mapping alive. The mapping is
+  /// copy-on-write: writing to the tensor changes only this process's copy, never the file.
+  /// Unaligned data is copied once so the tensor is always usable. (A file truncated in place by
+  /// another program while such a tensor lives still faults on access: write checkpoints by
+  /// rename, as save_safetensors does, or clone the tensors.)
   [[nodiscard]] at::Tensor get(const std::string& name) const {
     const auto& e = entry(name);
     const auto elem = c10::elementSize(e.dtype);
-    const uint8_t* p = map_->data() + data_offset_ + e.begin;
+    uint8_t* p = map_->data() + data_offset_ + e.begin;
     auto options = at::TensorOptions().dtype(e.dtype).device(at::kCPU);
     if (e.end == e.begin) return at::empty(e.shape, options);
     auto keep = map_;
-    auto t = at::from_blob(const_cast<uint8_t*>(p), e.shape, [keep](void*) {}, options);
+    auto t = at::from_blob(p, e.shape, [keep](void*) {}, options);
     if (reinterpret_cast<uintptr_t>(p) % elem != 0) return t.clone();
     return t;
   }
 
  private:
+  /// The format's layout rule, as the reference reader enforces it: sorted by offset, the tensors
+  /// tile the data section from byte 0 to its end, with no gap, overlap or uncovered byte.
+  void check_layout(const std::string& path, size_t data_size, const std::string& fix) const {
+    std::vector<std::pair<const std::string*, const SafetensorsEntry*>> order;
+    order.reserve(entries_.size());
+    for (const auto& [k, v] : entries_) order.emplace_back(&k, &v);
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+      return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+    });
+    size_t at = 0;
+    for (const auto& [name, e] : order) {
+      HYBRIDRL_CHECK(e->begin == at,
+                     fmt::format("'{}', tensor '{}': data_offsets [{}, {}] {} (the previous tensor "
+                                 "ends at byte {})", path, *name, e->begin, e->end,
+                                 e->begin < at ? "overlap another tensor" : "leave a gap", at),
+                     fix);
+      at = e->end;
+    }
+    HYBRIDRL_CHECK(at == data_size,
+                   fmt::format("'{}': the tensors cover {} of the {} data bytes (trailing bytes "
+                               "belong to no tensor)", path, at, data_size),
+                   fix);
+  }
+
   std::shared_ptr<detail::MappedFile> map_;
   size_t data_offset_ = 0;
   std::map<std::string, SafetensorsEntry> entries_;
@@ -254,7 +324,7 @@ class SafetensorsFile {
 };
 
 /// Writes `tensors` (any device; stored as contiguous CPU bytes) and string `metadata` to `path`
-/// atomically: a temporary file in the same directory, then rename. Throws Error on I/O failure.
+/// atomically and durably (io::AtomicFile: unique temporary, fsync, rename). Throws Error on I/O failure.
 inline void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
   nlohmann::json header = nlohmann::json::object();
@@ -275,34 +345,17 @@ inline void save_safetensors(const std::string& path, const std::map<std::string
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-  const auto tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  HYBRIDRL_CHECK(f != nullptr, fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)),
-                 "check that the directory exists and is writable");
-  bool ok = true;
   uint8_t len[8];
   const uint64_t n = h.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  ok = ok && std::fwrite(len, 1, 8, f) == 8;
-  ok = ok && std::fwrite(h.data(), 1, h.size(), f) == h.size();
+  io::AtomicFile f(path);
+  f.write(len, 8);
+  f.write(h);
   for (const auto& c : bufs) {
     const auto bytes = static_cast<size_t>(c.numel()) * c.element_size();
-    if (bytes > 0) ok = ok && std::fwrite(c.data_ptr(), 1, bytes, f) == bytes;
+    if (bytes > 0) f.write(c.data_ptr(), bytes);
   }
-  ok = (std::fflush(f) == 0) && ok;
-  ok = (::fsync(::fileno(f)) == 0) && ok;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("writing '{}' failed: {}", path, std::strerror(errno)),
-                "check free disk space and permissions");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)),
-                "check permissions of the target directory");
-  }
+  f.commit();
 }
 
 /// Reads every tensor of a safetensors file into owned CPU tensors (for small files; models are

@@ -1,0 +1,145 @@
+#pragma once
+/// \file
+/// Parsing untrusted JSON (checkpoint headers, config.json, dataset lines) with bounds: nesting
+/// depth capped (deep nesting is an error, never a stack overflow in a later copy or dump), NUL
+/// bytes rejected (nlohmann stops at a NUL and would accept `{..}\0garbage`), optional duplicate
+/// key rejection, and every nlohmann exception (parse_error, out_of_range for 1e400, ...) turned
+/// into one message. `brief` prints a bounded, non-recursive description for error messages.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+
+namespace hybridrl::io {
+
+/// Default nesting limit: HF configs and safetensors headers nest 3 levels, dataset lines a few.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// How parse_json bounds its input.
+struct JsonLimits {
+  int max_depth = kMaxJsonDepth;  ///< deepest array/object nesting accepted
+  bool unique_keys = false;       ///< reject an object that repeats a key (safetensors does)
+};
+
+/// The outcome of parse_json: the value, or why the text was rejected.
+struct ParsedJson {
+  nlohmann::json value;  ///< the parsed document (null on failure)
+  std::string error;     ///< empty on success, else a one-line reason
+  /// Whether the text parsed.
+  explicit operator bool() const noexcept { return error.empty(); }
+};
+
+namespace detail {
+/// Thrown by the parse callback to stop at the first violated limit.
+struct JsonLimitExceeded {
+  std::string why;
+};
+}  // namespace detail
+
+/// Parses `text` as one JSON document within `limits`. Never throws for bad input.
+[[nodiscard]] inline ParsedJson parse_json(std::string_view text, const JsonLimits& limits = {}) {
+  ParsedJson out;
+  if (const void* nul = std::memchr(text.data(), '\0', text.size()); nul != nullptr) {
+    out.error = fmt::format("a NUL byte at offset {}",
+                            static_cast<const char*>(nul) - text.data());
+    return out;
+  }
+  std::vector<std::set<std::string>> keys;  // one set per open object (unique_keys only)
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      if (depth >= limits.max_depth) {
+        throw detail::JsonLimitExceeded{
+            fmt::format("nesting deeper than {} levels", limits.max_depth)};
+      }
+      if (limits.unique_keys && event == E::object_start) keys.emplace_back();
+    } else if (limits.unique_keys && event == E::object_end) {
+      if (!keys.empty()) keys.pop_back();
+    } else if (limits.unique_keys && event == E::key && !keys.empty()) {
+      auto name = parsed.get<std::string>();
+      if (!keys.back().insert(name).second) {
+        if (name.size() > 64) name = name.substr(0, 64) + "...";
+        throw detail::JsonLimitExceeded{fmt::format("the key \"{}\" appears twice in one object", name)};
+      }
+    }
+    return true;
+  };
+  try {
+    out.value = nlohmann::json::parse(text.begin(), text.end(), callback);
+  } catch (const detail::JsonLimitExceeded& e) {
+    out.value = nullptr;
+    out.error = e.why;
+  } catch (const nlohmann::json::exception& e) {
+    out.value = nullptr;
+    out.error = e.what();
+  }
+  return out;
+}
+
+/// Reads a whole file into a string; throws Error naming `what` when it cannot be read (missing,
+/// a directory, a read error midway) or is larger than `max_bytes`.
+[[nodiscard]] inline std::string read_text_file(const std::string& path, const std::string& what,
+                                                size_t max_bytes = size_t{1} << 30) {
+  std::ifstream in(path, std::ios::binary);
+  HYBRIDRL_CHECK(in.is_open(), fmt::format("cannot open {} '{}': {}", what, path, std::strerror(errno)),
+                 "check that the file exists and is readable");
+  std::string text;
+  char buf[1 << 16];
+  try {
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+      text.append(buf, static_cast<size_t>(in.gcount()));
+      HYBRIDRL_CHECK(text.size() <= max_bytes,
+                     fmt::format("{} '{}' is larger than {} bytes", what, path, max_bytes),
+                     "pass the right file (this one is far larger than any valid one)");
+      if (in.eof()) break;
+    }
+  } catch (const std::ios_base::failure&) {
+    in.setstate(std::ios::badbit);
+  }
+  HYBRIDRL_CHECK(!in.bad(), fmt::format("reading {} '{}' failed (a directory, or an I/O error)", what, path),
+                 "pass a regular, readable file");
+  return text;
+}
+
+/// A short description of `v` for messages: scalars as written (strings cut at 40 bytes), arrays
+/// and objects one level deep, at most 8 elements. Never recurses and never throws.
+[[nodiscard]] inline std::string brief(const nlohmann::json& v) {
+  auto scalar = [](const nlohmann::json& s) -> std::string {
+    if (s.is_string()) {
+      const auto& str = s.get_ref<const std::string&>();
+      return str.size() > 40 ? fmt::format("\"{}...\"", str.substr(0, 40)) : fmt::format("\"{}\"", str);
+    }
+    if (s.is_number_unsigned()) return std::to_string(s.get<uint64_t>());
+    if (s.is_number_integer()) return std::to_string(s.get<int64_t>());
+    if (s.is_number_float()) return fmt::format("{}", s.get<double>());
+    if (s.is_boolean()) return s.get<bool>() ? "true" : "false";
+    if (s.is_null()) return "null";
+    return s.is_array() ? "[...]" : "{...}";
+  };
+  if (!v.is_array() && !v.is_object()) return scalar(v);
+  std::string out = v.is_array() ? "[" : "{";
+  size_t n = 0;
+  for (auto it = v.begin(); it != v.end(); ++it, ++n) {
+    if (n == 8) {
+      out += ", ...";
+      break;
+    }
+    if (n > 0) out += ", ";
+    if (v.is_object()) out += fmt::format("\"{}\": ", it.key().size() > 40 ? it.key().substr(0, 40) + "..." : it.key());
+    out += scalar(*it);
+  }
+  return out + (v.is_array() ? "]" : "}");
+}
+
+}  // namespace hybridrl::io
