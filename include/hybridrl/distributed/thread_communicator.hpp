@@ -230,11 +230,13 @@ class ThreadCommunicator final : public Communicator {
   static at::Tensor reduce(const std::vector<at::Tensor>& all, ReduceOp op) {
     auto acc = all[0].clone();
     for (size_t r = 1; r < all.size(); ++r) {
+      if (acc.scalar_type() == at::kBool) {  // sum and max: or; min: and
+        acc = op == ReduceOp::min ? acc.logical_and(all[r]) : acc.logical_or(all[r]);
+        continue;
+      }
       switch (op) {
         case ReduceOp::sum:
-        case ReduceOp::avg:
-          acc = acc.scalar_type() == at::kBool ? acc.logical_or(all[r]) : acc.add(all[r]);
-          break;
+        case ReduceOp::avg: acc = acc.add(all[r]); break;
         case ReduceOp::max: acc = at::maximum(acc, all[r]); break;
         case ReduceOp::min: acc = at::minimum(acc, all[r]); break;
       }
