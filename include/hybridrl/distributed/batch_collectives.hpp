@@ -93,12 +93,14 @@ inline std::vector<std::string> all_gather_bytes(Communicator& comm, const std::
   return out;
 }
 
+/// The keys of a JSON object, in its (sorted) order.
 inline std::vector<std::string> keys_of(const nlohmann::json& object) {
   std::vector<std::string> out;
   for (const auto& [k, v] : object.items()) out.push_back(k);
   return out;
 }
 
+/// Where a batch's tensors travel: `device`, else the batch's device, else the CPU.
 inline at::Device travel_device(const TensorBatch& batch, std::optional<at::Device> device) {
   return device.value_or(batch.tensors().empty() ? at::Device(at::kCPU)
                                                  : batch.tensors().begin()->second.device());

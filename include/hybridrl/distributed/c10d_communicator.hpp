@@ -128,6 +128,7 @@ struct C10dOptions {
 
 namespace detail {
 
+/// Seconds (an Options value) as c10d's milliseconds.
 inline std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }

@@ -58,6 +58,7 @@ struct LaunchEnvironment {
 
 namespace detail {
 
+/// The value of `name`; an Error naming it when unset or empty.
 inline std::string require_env(const EnvLookup& env, const std::string& name, const char* launcher,
                                const char* fix) {
   auto v = env(name);
@@ -66,6 +67,7 @@ inline std::string require_env(const EnvLookup& env, const std::string& name, co
   return *v;
 }
 
+/// `text` (the value of `name`) as an integer in [low, high]; an Error naming it otherwise.
 inline int env_int(const std::string& name, const std::string& text, int low, int high,
                    const std::string& range) {
   int value = 0;

@@ -63,6 +63,7 @@ struct ThreadGroupState {
   std::map<std::pair<uint64_t, std::vector<int>>, std::shared_ptr<ThreadGroupState>> children;
 };
 
+/// "Double 2x3": a tensor's dtype and shape, for messages.
 inline std::string describe(const at::Tensor& t) {
   return fmt::format("{} {}", c10::toString(t.scalar_type()), fmt::join(t.sizes(), "x"));
 }
