@@ -12,6 +12,7 @@
 
 #include "hybridrl/version.hpp"
 #include "hybridrl/core/core.hpp"
+#include "hybridrl/distributed/distributed.hpp"
 #include "hybridrl/algorithm/algorithm.hpp"
 #include "hybridrl/sharding/sharding.hpp"
 #include "hybridrl/rollout/rollout.hpp"

@@ -159,16 +159,18 @@ TEST_SUITE("algorithm/invariance") {
       auto [ref_loss, ref_grad] = reference(c.hook);
       std::vector<double> losses(2);
       std::vector<at::Tensor> grads(2);
-      testing::run_ranks(2, [&](int rank, hybridrl::testing::TestGroup& group) {
+      testing::run_on(testing::backends().back(), 2, [&](Communicator& comm) {  // Gloo where present
+        const int rank = comm.rank();
         auto w = w0().set_requires_grad(true);
         auto shard = make_batch(w).chunk(2)[static_cast<size_t>(rank)];
         auto loss = at::zeros({}, at::kDouble);
         for (const auto& m : shard.chunk(2)) loss = loss + c.hook(m, scale).loss;
         loss.backward();
-        std::vector<at::Tensor> grad{w.grad()}, sum{loss.detach().reshape({1})};
-        group.allreduce(grad)->wait();
-        group.allreduce(sum)->wait();
-        grads[static_cast<size_t>(rank)] = grad[0] / 2.0;  // data-parallel average, as FSDP/DDP
+        auto grad = w.grad().clone();
+        auto sum = loss.detach().reshape({1});
+        comm.all_reduce(grad);
+        comm.all_reduce(sum);
+        grads[static_cast<size_t>(rank)] = grad / 2.0;  // data-parallel average, as FSDP/DDP
         losses[static_cast<size_t>(rank)] = val(sum[0]) / 2.0;
       });
       for (int rank = 0; rank < 2; ++rank) {
@@ -183,15 +185,12 @@ TEST_SUITE("algorithm/invariance") {
     // rank 1 alone would give 0, rank 0 alone 0.3: only the group mean is correct.
     for (double shift : {0.0, 0.2}) {
       std::vector<double> z0(2), loss(2);
-      testing::run_ranks(2, [&](int rank, hybridrl::testing::TestGroup& group) {
+      testing::run_on(testing::backends().back(), 2, [&](Communicator& comm) {
+        const int rank = comm.rank();
         auto klp = rank == 0 ? at::tensor(std::vector<double>{0.4, 0.2})
                              : at::tensor(std::vector<double>{-0.5, -0.3});
         klp = klp + shift;
-        AllReduceMean mean = [&](const at::Tensor& t) {
-          std::vector<at::Tensor> buf{t.clone().reshape({1})};
-          group.allreduce(buf)->wait();
-          return (buf[0] / 2.0).reshape({});
-        };
+        AllReduceMean mean = [&](const at::Tensor& t) { return all_reduce_mean(&comm, t); };
         auto out = kto_loss(at::zeros({2}, at::kDouble), at::zeros({2}, at::kDouble), klp,
                             at::zeros({2}, at::kDouble), bools({1, 0}), KTOOptions{}.beta(1.0),
                             LossScale{0, 4, 2}, mean);

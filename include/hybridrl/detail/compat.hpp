@@ -6,10 +6,8 @@
 /// - HYBRIDRL_TORCH_MAJOR / HYBRIDRL_TORCH_MINOR: the LibTorch version the code is compiled against.
 /// - HYBRIDRL_HAS_SDPA: at::scaled_dot_product_attention (fused flash / memory-efficient kernels)
 ///   exists (LibTorch >= 2.0). Without it, attention is computed with plain matmul + softmax.
-/// - USE_C10D_GLOO: LibTorch 2.x guards ProcessGroupGloo.hpp behind it; define it when the gloo
-///   headers are present so <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp> declares the class
-///   (the pip wheels of 2.x ship no gloo headers; Debian's 1.13 does). USE_C10D_NCCL likewise
-///   for ProcessGroupNCCL.hpp when NCCL was found.
+/// - c10d (ProcessGroup on 1.13, Backend on 2.x; USE_C10D_GLOO / USE_C10D_NCCL) is handled in
+///   distributed/c10d_communicator.hpp, the one header that includes c10d.
 /// - compat::cuda_memory(device): allocated / reserved / peak bytes of the caching allocator,
 ///   whose stats types moved namespaces between versions.
 /// - compat::AutocastGuard(device_type, dtype): RAII autocast on CUDA; the autocast calls became
@@ -28,13 +26,6 @@
 #define HYBRIDRL_HAS_SDPA 1
 #else
 #define HYBRIDRL_HAS_SDPA 0
-#endif
-
-#if HYBRIDRL_TORCH_MAJOR >= 2 && !defined(USE_C10D_GLOO) && __has_include(<gloo/config.h>)
-#define USE_C10D_GLOO 1
-#endif
-#if HYBRIDRL_TORCH_MAJOR >= 2 && !defined(USE_C10D_NCCL) && defined(HYBRIDRL_WITH_NCCL)
-#define USE_C10D_NCCL 1
 #endif
 
 #if defined(HYBRIDRL_WITH_CUDA)

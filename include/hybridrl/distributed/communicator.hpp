@@ -8,7 +8,12 @@
 ///
 /// Every call is collective: all ranks of the group make it, in the same order, with tensors of the
 /// same shape and dtype (except where noted). Calls are synchronous (they return when the result
-/// is in the output tensor).
+/// is in the output tensor). Every dtype works on every backend (the Gloo adapter sends bool and
+/// bfloat16 as uint8 / float32); ReduceOp::avg needs a floating-point tensor.
+///
+/// Set-up: `init_from_environment()` (distributed/c10d_communicator.hpp) under torchrun or Slurm;
+/// `run_ranks(n, fn)` (distributed/thread_communicator.hpp) in tests; `DeviceMesh`
+/// (distributed/device_mesh.hpp) for the data x tensor x pipeline sub-groups.
 
 #include <ATen/core/Tensor.h>
 
@@ -18,7 +23,7 @@
 
 namespace hybridrl {
 
-/// How all_reduce and reduce_scatter combine the ranks' tensors.
+/// How all_reduce and reduce_scatter combine the ranks' tensors (sum of bools is logical or).
 enum class ReduceOp { sum, avg, max, min };
 
 /// A group of ranks that run collectives together.
@@ -53,5 +58,13 @@ class Communicator {
   /// every rank calls it with the same list; ranks outside the list get nullptr.
   [[nodiscard]] virtual std::shared_ptr<Communicator> split(const std::vector<int>& ranks) = 0;
 };
+
+/// Mean of `t` over the ranks of `comm` (a new tensor; `t` is unchanged). nullptr means one rank:
+/// a copy of `t`. For per-step statistics every rank needs, such as KTO's reference point z0.
+inline at::Tensor all_reduce_mean(Communicator* comm, const at::Tensor& t) {
+  auto out = t.detach().clone();
+  if (comm != nullptr && comm->size() > 1) comm->all_reduce(out, ReduceOp::avg);
+  return out;
+}
 
 }  // namespace hybridrl
