@@ -185,9 +185,16 @@ inline std::string nearest_key(std::string_view key, const std::vector<std::stri
 /// field's type; JSON values must already have it.
 enum class ValueForm { json, text };
 
+/// "a number", "an integer", "one of {...}": the expected type as a sentence says it.
+inline std::string with_article(std::string_view type) {
+  if (type.rfind("one of", 0) == 0) return std::string(type);
+  const bool vowel = !type.empty() && std::string_view("aeiou").find(type[0]) != std::string_view::npos;
+  return (vowel ? "an " : "a ") + std::string(type);
+}
+
 [[noreturn]] inline void type_error(const std::string& path, std::string_view expected,
                                     const nlohmann::json& got, std::string_view source) {
-  throw Error(fmt::format("{} = {} is not a {}{}", path, got.dump(), expected,
+  throw Error(fmt::format("{} = {} is not {}{}", path, got.dump(), with_article(expected),
                           source.empty() ? "" : fmt::format(" (from {})", source)),
               fmt::format("give {} a value of type {}", path, expected));
 }
@@ -217,7 +224,12 @@ void read_options(const nlohmann::json& j, O& o, const std::string& prefix, Valu
       }
     });
     if (!found) {
-      const std::string path = join_path(prefix, it.key());
+      // the full key: an override's or environment variable's nested remainder is part of it
+      std::string path = join_path(prefix, it.key());
+      for (const nlohmann::json* v = &it.value(); v->is_object() && v->size() == 1;
+           v = &v->begin().value()) {
+        path += "." + v->begin().key();
+      }
       const std::string near = nearest_key(path, all_keys);
       std::vector<std::string> level;
       for (const auto& k : all_keys) {
@@ -447,11 +459,12 @@ void from_json(const nlohmann::json& j, O& o, std::string_view source = {}) {
   detail::read_options(j, o, "", detail::ValueForm::json, source, detail::all_keys(o));
 }
 
-/// A copy of `defaults` with the fields `j` names set.
+/// Default options with the fields `j` names set: `auto o = from_json<PagedOptions>(j);`.
 template <reflectable_options O>
-[[nodiscard]] O from_json(const nlohmann::json& j, O defaults = O{}, std::string_view source = {}) {
-  from_json(j, defaults, source);
-  return defaults;
+[[nodiscard]] O from_json(const nlohmann::json& j) {
+  O o{};
+  from_json(j, o);
+  return o;
 }
 
 /// The configuration a checkpoint stores with the weights: `to_json(o)`.

@@ -13,3 +13,4 @@
 #include "hybridrl/core/tags.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
 #include "hybridrl/core/collective.hpp"
+#include "hybridrl/core/config.hpp"

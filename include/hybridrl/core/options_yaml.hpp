@@ -96,11 +96,12 @@ void from_yaml(std::string_view text, O& o, std::string_view source = "YAML") {
                        detail::all_keys(o));
 }
 
-/// A copy of `defaults` with the fields a YAML document names set.
+/// Default options with the fields a YAML document names set: `from_yaml<PagedOptions>(text)`.
 template <reflectable_options O>
-[[nodiscard]] O from_yaml(std::string_view text, O defaults = O{}, std::string_view source = "YAML") {
-  from_yaml(text, defaults, source);
-  return defaults;
+[[nodiscard]] O from_yaml(std::string_view text) {
+  O o{};
+  from_yaml(text, o);
+  return o;
 }
 
 /// A YAML configuration file as the text-form JSON tree `configure` takes (ConfigSources::file).

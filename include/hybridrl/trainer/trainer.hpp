@@ -274,7 +274,13 @@ class Trainer {
 
     /// A copy with every derived value written in: the world size of the process group, the
     /// loader's batch size from the geometry, and the loader and sampling seeds from `seed`.
+    /// A geometry world_size set by hand (not 1) must agree with the process group.
     [[nodiscard]] Options resolved(int64_t world_size) const {
+      HYBRIDRL_CHECK(geometry_.world_size() == 1 || geometry_.world_size() == world_size,
+                     fmt::format("geometry.world_size = {} but the process group has {} rank(s)",
+                                 geometry_.world_size(), world_size),
+                     "leave geometry.world_size unset: the trainer reads it from the process "
+                     "group (launch with as many ranks as you meant)");
       Options o = *this;
       o.geometry_.world_size(world_size);
       o.geometry_ = o.effective_geometry();
