@@ -451,6 +451,12 @@ template <reflectable_options O>
   return detail::write_options(o);
 }
 
+/// nlohmann's conversion hook (found by ADL): `nlohmann::json j = opts;`.
+template <reflectable_options O>
+void to_json(nlohmann::json& j, const O& o) {
+  j = detail::write_options(o);
+}
+
 /// Sets the fields `j` names (others keep their values); throws hybridrl::Error for an unknown key
 /// (with the nearest valid one), a wrong type or an unknown enum value. `source` (a file name,
 /// "environment") goes into the message.

@@ -72,6 +72,8 @@
 #define HYBRIDRL_FIELDS(...)                                              \
   template <class Self, class F>                                          \
   static void visit_fields(Self& self, F&& f) {                           \
+    (void)self;                                                           \
+    (void)f;                                                              \
     HYBRIDRL_PP_FOR_EACH(HYBRIDRL_PP_VISIT_FIELD, f, __VA_ARGS__)         \
   }
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -274,15 +275,17 @@ class Trainer {
 
     /// A copy with every derived value written in: the world size of the process group, the
     /// loader's batch size from the geometry, and the loader and sampling seeds from `seed`.
-    /// A geometry world_size set by hand (not 1) must agree with the process group.
-    [[nodiscard]] Options resolved(int64_t world_size) const {
-      HYBRIDRL_CHECK(geometry_.world_size() == 1 || geometry_.world_size() == world_size,
+    /// A geometry world_size set by hand (not 1, e.g. by StaticBatch) must agree with
+    /// `world_size`; without one, the geometry's is kept (a single process describing a run).
+    [[nodiscard]] Options resolved(std::optional<int64_t> world_size = std::nullopt) const {
+      HYBRIDRL_CHECK(!world_size || geometry_.world_size() == 1 ||
+                         geometry_.world_size() == *world_size,
                      fmt::format("geometry.world_size = {} but the process group has {} rank(s)",
-                                 geometry_.world_size(), world_size),
+                                 geometry_.world_size(), world_size.value_or(1)),
                      "leave geometry.world_size unset: the trainer reads it from the process "
                      "group (launch with as many ranks as you meant)");
       Options o = *this;
-      o.geometry_.world_size(world_size);
+      if (world_size) o.geometry_.world_size(*world_size);
       o.geometry_ = o.effective_geometry();
       if constexpr (requires { o.loader_.batch_size(int64_t{1}); }) {
         o.loader_.batch_size(o.geometry_.train_batch_size());
@@ -344,9 +347,9 @@ class Trainer {
   };
 
   /// Validates `options` before any expensive work; throws hybridrl::Error on the first problem.
-  /// `world_size` is the process group's size (1 for a single process); derived values (loader
+  /// `world_size` is the process group's size (default: the geometry's); derived values (loader
   /// batch size and seed, sampling seed, the geometry's world and rollout TP) are written in.
-  explicit Trainer(Options options, int64_t world_size = 1)
+  explicit Trainer(Options options, std::optional<int64_t> world_size = std::nullopt)
       : options_(options.resolved(world_size)) {
     options_.validate();
   }
