@@ -238,6 +238,21 @@ TEST_SUITE("core/composition") {
     // derived seeds differ per consumer and per run seed
     CHECK(derive_seed(7, "loader") != derive_seed(7, "sampling"));
     CHECK(derive_seed(7, "loader") != derive_seed(8, "loader"));
+    // ... or read from a Communicator
+    struct FourRanks : Communicator {
+      int rank() const override { return 0; }
+      int size() const override { return 4; }
+      std::string backend() const override { return "test"; }
+      void all_reduce(at::Tensor&, ReduceOp) override {}
+      void all_gather_into(at::Tensor&, const at::Tensor&) override {}
+      void reduce_scatter(at::Tensor&, const at::Tensor&, ReduceOp) override {}
+      void broadcast(at::Tensor&, int) override {}
+      void barrier() override {}
+      void send(const at::Tensor&, int, int) override {}
+      void recv(at::Tensor&, int, int) override {}
+      std::shared_ptr<Communicator> split(const std::vector<int>&) override { return nullptr; }
+    };
+    CHECK(T(opts, FourRanks{}).options().geometry().world_size() == 4);
     // a hand-set world size must agree with the process group
     auto bad = opts;
     bad.geometry().world_size(8);

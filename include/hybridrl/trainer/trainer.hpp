@@ -18,6 +18,7 @@
 #include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/policy.hpp"
+#include "hybridrl/distributed/communicator.hpp"
 
 namespace hybridrl {
 
@@ -353,6 +354,10 @@ class Trainer {
       : options_(options.resolved(world_size)) {
     options_.validate();
   }
+
+  /// As above, with the world size read from the process group the trainer runs on.
+  Trainer(Options options, const Communicator& group)
+      : Trainer(std::move(options), static_cast<int64_t>(group.size())) {}
 
   [[nodiscard]] const Options& options() const noexcept { return options_; }
 
