@@ -187,10 +187,12 @@ TEST_SUITE("core/options") {
     const O back = from_json<O>(j);
     CHECK(to_json(back) == j);
     CHECK(checkpoint_metadata(back) == j);
-    // nlohmann's own conversions find the same functions
-    const json via_adl = back;
-    CHECK(via_adl == j);
-    CHECK(to_json(j.get<O>()) == j);
+    // nlohmann's own conversions find the same functions (by ADL: for types of namespace hybridrl)
+    if constexpr (!std::is_same_v<O, AllTypes>) {
+      const json via_adl = back;
+      CHECK(via_adl == j);
+      CHECK(to_json(j.get<O>()) == j);
+    }
     // through text, as a checkpoint stores it
     CHECK(to_json(from_json<O>(json::parse(j.dump()))) == j);
     // a file that names nothing keeps the defaults
