@@ -73,7 +73,7 @@ inline void emit_json(YAML::Emitter& out, const nlohmann::json& j) {
 
 }  // namespace detail
 
-/// `o` as a YAML document (block tables, flow lists), keys in declaration order.
+/// `o` as a YAML document (block tables, flow lists; keys sorted, as nlohmann::json keeps them).
 template <reflectable_options O>
 [[nodiscard]] std::string to_yaml(const O& o) {
   YAML::Emitter out;
