@@ -36,6 +36,17 @@ if(NOT HYBRIDRL_NO_SENTENCEPIECE)
   endif()
 endif()
 
+# yaml-cpp (optional): core/options_yaml.hpp reads and writes Options as YAML when it is found.
+find_package(yaml-cpp QUIET)
+set(HYBRIDRL_WITH_YAML OFF)
+if(TARGET yaml-cpp::yaml-cpp)
+  set(HYBRIDRL_WITH_YAML ON)
+  set(_hybridrl_yaml_target yaml-cpp::yaml-cpp)
+elseif(TARGET yaml-cpp)
+  set(HYBRIDRL_WITH_YAML ON)
+  set(_hybridrl_yaml_target yaml-cpp)
+endif()
+
 # CUDA and NCCL: enabled only when LibTorch itself is a CUDA build and the toolkit is present.
 set(HYBRIDRL_WITH_CUDA OFF)
 set(HYBRIDRL_WITH_NCCL OFF)
@@ -70,6 +81,10 @@ if(NOT TARGET hybridrl::deps)
   endif()
   # sentencepiece: headers only; the library is dlopen()ed in isolation at run time, because
   # Debian's copy exports a protobuf that clashes with LibTorch's (detail/sentencepiece_library.hpp).
+  if(HYBRIDRL_WITH_YAML)
+    target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_YAML=1)
+    target_link_libraries(hybridrl::deps INTERFACE ${_hybridrl_yaml_target})
+  endif()
   if(HYBRIDRL_WITH_SENTENCEPIECE)
     target_include_directories(hybridrl::deps SYSTEM INTERFACE ${HYBRIDRL_SENTENCEPIECE_INCLUDE_DIR})
     target_compile_definitions(hybridrl::deps INTERFACE HYBRIDRL_WITH_SENTENCEPIECE=1)
@@ -98,5 +113,5 @@ if(NOT HYBRIDRL_IN_CONFIG AND NOT PROJECT_IS_TOP_LEVEL)
 endif()
 
 if(NOT HYBRIDRL_IN_CONFIG)
-  message(STATUS "hybridrl: LibTorch ${Torch_VERSION}, CUDA ${HYBRIDRL_WITH_CUDA}, NCCL ${HYBRIDRL_WITH_NCCL}, sentencepiece ${HYBRIDRL_WITH_SENTENCEPIECE}")
+  message(STATUS "hybridrl: LibTorch ${Torch_VERSION}, CUDA ${HYBRIDRL_WITH_CUDA}, NCCL ${HYBRIDRL_WITH_NCCL}, sentencepiece ${HYBRIDRL_WITH_SENTENCEPIECE}, YAML ${HYBRIDRL_WITH_YAML}")
 endif()

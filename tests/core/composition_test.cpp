@@ -161,7 +161,7 @@ TEST_SUITE("core/composition") {
     CHECK(contains(error_of([&] { base().ppo_mini_batch_size(61).validate(); }), "larger than train_batch_size"));
     CHECK(contains(error_of([&] { base().rollout_n(1).world_size(8).train_batch_size(64).ppo_mini_batch_size(4).micro_batch_size_per_gpu(1).validate(); }),
                    "4 × 1 = 4 sequences do not split over 8 data-parallel ranks"));
-    CHECK(contains(error_of([&] { base().rollout_n(0).validate(); }), "count below 1"));
+    CHECK(contains(error_of([&] { base().rollout_n(0).validate(); }), "rollout_n = 0 is below 1"));
     CHECK(contains(error_of([&] { base().sequence_parallel_size(4).validate(); }), "6 % 4 = 2"));
     CHECK(error_of([&] { StaticBatch<60, 12, 6, 60, 4>::geometry().validate(); }) == "no error");
   }
@@ -174,18 +174,18 @@ TEST_SUITE("core/composition") {
     T::Options opts;
     opts.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
     opts.rollout().block_size(32);
-    T trainer(opts);
+    T trainer(opts, 2);
     CHECK(trainer.options().rollout().block_size() == 32);
     const auto d = trainer.describe();
     CHECK(contains(d, "Algorithm<Online> Sharding<FSDP> Rollout<Paged> Loader<Bucketed>"));
     CHECK(contains(d, "8 prompts × 4 samples = 32 sequences per step on 2 ranks"));
 
     // every part's validate() runs before anything else happens
-    CHECK(contains(error_of([&] { T{T::Options{opts}.algorithm(TinyOptions{}.scale(-1))}; }), "scale must be positive"));
-    CHECK(contains(error_of([&] { T{T::Options{opts}.rollout(PagedOptions{}.block_size(12))}; }), "paged.block_size = 12"));
-    CHECK(contains(error_of([&] { auto o = opts; o.rollout().sampling().top_p(0); T{o}; }), "sampling.top_p = 0"));
-    CHECK(contains(error_of([&] { auto o = opts; o.loader().batch_size(0); T{o}; }), "loader.batch_size = 0"));
-    CHECK(contains(error_of([&] { auto o = opts; o.geometry().world_size(3); T{o}; }), "world_size 3"));
+    CHECK(contains(error_of([&] { T(T::Options{opts}.algorithm(TinyOptions{}.scale(-1)), 2); }), "algorithm.scale must be positive"));
+    CHECK(contains(error_of([&] { T(T::Options{opts}.rollout(PagedOptions{}.block_size(12)), 2); }), "rollout.block_size = 12"));
+    CHECK(contains(error_of([&] { auto o = opts; o.rollout().sampling().top_p(0); T(o, 2); }), "rollout.sampling.top_p = 0"));
+    CHECK(contains(error_of([&] { auto o = opts; o.loader().epochs(-1); T(o, 2); }), "loader.epochs = -1"));
+    CHECK(contains(error_of([&] { auto o = opts; o.geometry().world_size(1); T(o, 3); }), "world_size 3"));
   }
 
   TEST_CASE("offline form: three policies, no rollout, rollout_n must stay 1") {
@@ -213,12 +213,94 @@ TEST_SUITE("core/composition") {
     CHECK(TP3DOptions{}.tensor_parallel_size(2).pipeline_parallel_size(2).resolve_data_parallel(8) == 2);
     CHECK(contains(error_of([] { (void)TP3DOptions{}.data_parallel_size(3).tensor_parallel_size(2).resolve_data_parallel(8); }),
                    "set data_parallel_size to 4"));
-    CHECK(contains(error_of([] { FSDPOptions{}.shard_group_size(0).validate(); }), "fsdp.shard_group_size = 0"));
+    CHECK(contains(error_of([] { FSDPOptions{}.shard_group_size(0).validate(); }), "shard_group_size = 0"));
     CHECK(contains(error_of([] { FSDPOptions{}.param_dtype(at::kInt).validate(); }), "floating-point"));
-    CHECK(contains(error_of([] { NaiveOptions{}.max_batch_size(0).validate(); }), "naive.max_batch_size = 0"));
-    CHECK(contains(error_of([] { SamplingOptions{}.temperature(-1).validate(); }), "sampling.temperature = -1"));
-    CHECK(contains(error_of([] { PackedOptions{}.row_length(0).validate(); }), "loader.row_length = 0"));
+    CHECK(contains(error_of([] { NaiveOptions{}.max_batch_size(0).validate(); }), "max_batch_size = 0"));
+    CHECK(contains(error_of([] { SamplingOptions{}.temperature(-1).validate(); }), "temperature = -1"));
+    CHECK(contains(error_of([] { PackedOptions{}.row_length(0).validate(); }), "row_length = 0"));
     CHECK(error_of([] { PagedOptions{}.validate(); }) == "no error");
+  }
+
+  TEST_CASE("one owner per knob: the trainer derives world size, rollout TP, loader batch and seeds") {
+    using T = Trainer<On, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
+    T::Options opts;
+    opts.geometry().train_batch_size(8).rollout_n(4).ppo_mini_batch_size(4).micro_batch_size_per_gpu(2);
+    opts.rollout().tensor_parallel_size(2);
+    opts.seed(7);
+    const T trainer(opts, 4);
+    const auto& o = trainer.options();
+    CHECK(o.geometry().world_size() == 4);                    // from the process group
+    CHECK(o.geometry().rollout_tensor_parallel_size() == 2);  // read from the rollout
+    CHECK(o.geometry().rollout_groups() == 2);                // 4 ranks / TP 2
+    CHECK(o.loader().batch_size() == 8);                      // = geometry.train_batch_size
+    CHECK(o.loader().seed() == derive_seed(7, "loader"));
+    CHECK(o.rollout().sampling().seed() == derive_seed(7, "sampling"));
+    // derived seeds differ per consumer and per run seed
+    CHECK(derive_seed(7, "loader") != derive_seed(7, "sampling"));
+    CHECK(derive_seed(7, "loader") != derive_seed(8, "loader"));
+    // ... or read from a Communicator
+    struct FourRanks : Communicator {
+      int rank() const override { return 0; }
+      int size() const override { return 4; }
+      std::string backend() const override { return "test"; }
+      void all_reduce(at::Tensor&, ReduceOp) override {}
+      void all_gather_into(at::Tensor&, const at::Tensor&) override {}
+      void reduce_scatter(at::Tensor&, const at::Tensor&, ReduceOp) override {}
+      void broadcast(at::Tensor&, int) override {}
+      void barrier() override {}
+      void send(const at::Tensor&, int, int) override {}
+      void recv(at::Tensor&, int, int) override {}
+      std::shared_ptr<Communicator> split(const std::vector<int>&) override { return nullptr; }
+    };
+    CHECK(T(opts, FourRanks{}).options().geometry().world_size() == 4);
+    // a hand-set world size must agree with the process group
+    auto bad = opts;
+    bad.geometry().world_size(8);
+    CHECK(contains(error_of([&] { T(bad, 4); }), "geometry.world_size = 8 but the process group has 4 rank(s)"));
+    // the rollout's TP must divide the world the process group gives
+    CHECK(contains(error_of([&] { T(opts, 3); }), "world_size 3 is not divisible by rollout_tensor_parallel_size 2"));
+  }
+
+  TEST_CASE("Trainer::Options::validate checks across axes with the full key path") {
+    using TN = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
+    TN::Options n;
+    n.geometry().train_batch_size(4).ppo_mini_batch_size(4);
+    CHECK(error_of([&] { TN(n, 2); }) == "no error");
+    n.rollout().tensor_parallel_size(2);
+    const auto naive_tp = error_of([&] { TN(n, 2); });
+    CHECK(contains(naive_tp, "rollout.tensor_parallel_size = 2 but Rollout<Naive> runs one full copy"));
+    CHECK(contains(naive_tp, "use Rollout<Paged>"));
+
+    // a token budget makes an online step's prompt count vary
+    TN::Options budget;
+    budget.loader().max_tokens_per_batch(512);
+    CHECK(contains(error_of([&] { TN{budget}; }),
+                   "loader.max_tokens_per_batch = 512 makes the number of prompts per batch vary"));
+    // ... which offline algorithms may use
+    using TO = Trainer<Off, Sharding<FSDP>, Loader<Bucketed>>;
+    TO::Options off;
+    off.loader().max_tokens_per_batch(512);
+    CHECK(error_of([&] { TO{off}; }) == "no error");
+
+    // sharding checked against the world size
+    TN::Options fsdp;
+    fsdp.geometry().train_batch_size(24).ppo_mini_batch_size(24);
+    fsdp.sharding().shard_group_size(4);
+    CHECK(error_of([&] { TN(fsdp, 8); }) == "no error");
+    CHECK(contains(error_of([&] { TN(fsdp, 6); }), "sharding.shard_group_size = 4 does not divide world_size 6 (6 % 4 = 2)"));
+    using T3 = Trainer<On, Sharding<TP3D>, Rollout<Paged>, Loader<Packed>>;
+    T3::Options mesh;
+    mesh.sharding().tensor_parallel_size(4);
+    mesh.geometry().train_batch_size(6).ppo_mini_batch_size(6);
+    CHECK(contains(error_of([&] { T3(mesh, 6); }),
+                   "sharding.tensor_parallel_size × pipeline_parallel_size = 4 × 1 = 4 does not divide world_size 6"));
+    // nested members get their parent's path; geometry counts name their field
+    CHECK(contains(error_of([&] { auto o = mesh; o.rollout().sampling().max_new_tokens(0); T3(o, 4); }),
+                   "rollout.sampling.max_new_tokens = 0 is below 1"));
+    CHECK(contains(error_of([&] { auto o = mesh; o.geometry().ppo_epochs(0); T3(o, 4); }),
+                   "geometry.ppo_epochs = 0 is below 1"));
+    CHECK(contains(error_of([&] { auto o = mesh; o.sharding().pipeline_parallel_size(0); T3(o, 4); }),
+                   "sharding.pipeline_parallel_size = 0 is below 1"));
   }
 
   TEST_CASE("Error carries problem and fix separately") {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
@@ -45,22 +46,32 @@ constexpr GeometryRule check_geometry(int64_t train, int64_t n, int64_t world, i
   return GeometryRule::ok;
 }
 
-/// Run-time batch geometry. Counts: prompts for train/mini, sequences for micro.
+/// Run-time batch geometry. Counts: prompts for train/mini, sequences for micro. The geometry owns
+/// every batch count and the epochs over each step's batch (ppo_epochs). Two values are not
+/// configuration keys because other parts own them: `world_size` comes from the process group
+/// (the Trainer sets it) and `rollout_tensor_parallel_size` from the rollout's
+/// `tensor_parallel_size` (the Trainer copies it here before validating).
 struct BatchGeometry {
   /// Prompts per training step, over all ranks.
   HYBRIDRL_ARG(int64_t, train_batch_size) = 1;
   /// Sequences sampled per prompt (GRPO's group size); 1 for PPO as usually run.
   HYBRIDRL_ARG(int64_t, rollout_n) = 1;
-  /// Training ranks (GPUs).
-  HYBRIDRL_ARG(int64_t, world_size) = 1;
   /// Prompts per optimizer step (mini-batch), over all ranks.
   HYBRIDRL_ARG(int64_t, ppo_mini_batch_size) = 1;
   /// Sequences per forward/backward on one GPU.
   HYBRIDRL_ARG(int64_t, micro_batch_size_per_gpu) = 1;
   /// Ulysses sequence-parallel group size (ranks sharing one sequence); divides world_size.
   HYBRIDRL_ARG(int64_t, sequence_parallel_size) = 1;
-  /// Tensor-parallel size of the generation engine; divides world_size.
+  /// Passes over each step's batch (verl's ppo_epochs): a loop count of the fit loop.
+  HYBRIDRL_ARG(int64_t, ppo_epochs) = 1;
+  /// Training ranks (GPUs). Not a configuration key: read from the process group.
+  HYBRIDRL_ARG(int64_t, world_size) = 1;
+  /// Tensor-parallel size of the generation engine; divides world_size. Not a configuration key:
+  /// the rollout owns it (rollout.tensor_parallel_size).
   HYBRIDRL_ARG(int64_t, rollout_tensor_parallel_size) = 1;
+
+  HYBRIDRL_FIELDS(train_batch_size, rollout_n, ppo_mini_batch_size, micro_batch_size_per_gpu,
+                  sequence_parallel_size, ppo_epochs)
 
   /// Ranks that see different data during training.
   [[nodiscard]] int64_t data_parallel_size() const { return world_size_ / sequence_parallel_size_; }
@@ -88,16 +99,19 @@ struct BatchGeometry {
     const auto t = train_batch_size_, n = rollout_n_, w = world_size_, m = ppo_mini_batch_size_,
                u = micro_batch_size_per_gpu_, sp = sequence_parallel_size_,
                tp = rollout_tensor_parallel_size_;
+    const std::pair<const char*, int64_t> counts[] = {
+        {"train_batch_size", t}, {"rollout_n", n}, {"ppo_mini_batch_size", m},
+        {"micro_batch_size_per_gpu", u}, {"sequence_parallel_size", sp},
+        {"ppo_epochs", ppo_epochs_}, {"world_size", w}, {"rollout_tensor_parallel_size", tp}};
+    for (const auto& [name, v] : counts) {
+      HYBRIDRL_CHECK(v >= 1, fmt::format("{} = {} is below 1", name, v),
+                     "set every batch count to 1 or more");
+    }
     switch (check_geometry(t, n, w, m, u, sp, tp)) {
       case GeometryRule::ok:
         return;
       case GeometryRule::positive:
-        throw Error(fmt::format("batch geometry has a count below 1: train_batch_size={}, "
-                                "rollout_n={}, world_size={}, ppo_mini_batch_size={}, "
-                                "micro_batch_size_per_gpu={}, sequence_parallel_size={}, "
-                                "rollout_tensor_parallel_size={}",
-                                t, n, w, m, u, sp, tp),
-                    "set every batch count to 1 or more");
+        break;  // reported below, naming the field
       case GeometryRule::sp_divides_world:
         throw Error(fmt::format("world_size {} is not divisible by sequence_parallel_size {} "
                                 "({} % {} = {})",
@@ -143,11 +157,13 @@ struct BatchGeometry {
     return fmt::format(
         "batch geometry: {} prompts × {} samples = {} sequences per step on {} ranks "
         "(data-parallel {}, sequence-parallel {}); generation: {} groups (TP={}) of {} sequences; "
-        "training: {} mini-batches of {} prompts, {} sequences per rank each, {} micro-batches of {}",
+        "training: {} mini-batches of {} prompts, {} sequences per rank each, {} micro-batches of {}; "
+        "{} epoch(s) per step",
         train_batch_size_, rollout_n_, sequences_per_step(), world_size_, data_parallel_size(),
         sequence_parallel_size_, rollout_groups(), rollout_tensor_parallel_size_,
         sequences_per_rollout_group(), mini_batches_per_step(), ppo_mini_batch_size_,
-        mini_batch_sequences_per_rank(), micro_batches_per_mini_batch(), micro_batch_size_per_gpu_);
+        mini_batch_sequences_per_rank(), micro_batches_per_mini_batch(), micro_batch_size_per_gpu_,
+        ppo_epochs_);
   }
 
  private:

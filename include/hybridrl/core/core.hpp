@@ -5,6 +5,7 @@
 
 #include "hybridrl/core/batch_geometry.hpp"
 #include "hybridrl/core/concepts.hpp"
+#include "hybridrl/core/config.hpp"
 #include "hybridrl/core/device.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/loss.hpp"

@@ -19,6 +19,7 @@
 /// always carries the full dotted path of the field, as the configuration spells it.
 
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,16 @@
   T& name() noexcept { return this->name##_; }                   \
   T name##_
 
+/// Forwards `name()` and the chainable setter `name(value)` to the field of the same name of the
+/// nested Options member `member_`, so a struct composed of shared options keeps a flat API.
+#define HYBRIDRL_FORWARD_ARG(T, member, name)                    \
+  auto name(const T& new_##name)->decltype(*this) {              \
+    this->member##_.name(new_##name);                            \
+    return *this;                                                \
+  }                                                              \
+  const T& name() const noexcept { return this->member##_.name(); } \
+  T& name() noexcept { return this->member##_.name(); }
+
 // ---- preprocessor for-each (C++20 __VA_OPT__; up to 256 arguments) ----
 #define HYBRIDRL_PP_PARENS ()
 #define HYBRIDRL_PP_EXPAND(...) HYBRIDRL_PP_EXPAND4(HYBRIDRL_PP_EXPAND4(HYBRIDRL_PP_EXPAND4(HYBRIDRL_PP_EXPAND4(__VA_ARGS__))))
@@ -61,6 +72,8 @@
 #define HYBRIDRL_FIELDS(...)                                              \
   template <class Self, class F>                                          \
   static void visit_fields(Self& self, F&& f) {                           \
+    (void)self;                                                           \
+    (void)f;                                                              \
     HYBRIDRL_PP_FOR_EACH(HYBRIDRL_PP_VISIT_FIELD, f, __VA_ARGS__)         \
   }
 
@@ -98,6 +111,18 @@ template <named_enum E>
     if (n == name) return v;
   }
   return std::nullopt;
+}
+
+/// A seed for one consumer ("loader", "sampling", ...) derived from the run's one seed, so each
+/// consumer draws an independent stream and the configuration has a single seed knob
+/// (FNV-1a of the name mixed into the seed by SplitMix64's finalizer).
+[[nodiscard]] constexpr uint64_t derive_seed(uint64_t run_seed, std::string_view consumer) noexcept {
+  uint64_t h = 14695981039346656037ull;
+  for (const char c : consumer) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  uint64_t z = run_seed + 0x9e3779b97f4a7c15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
 namespace detail {

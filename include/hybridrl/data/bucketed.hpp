@@ -19,42 +19,33 @@
 #include "hybridrl/data/collate.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/loader.hpp"
+#include "hybridrl/data/loader_options.hpp"
 #include "hybridrl/data/planning.hpp"
 
 namespace hybridrl {
 
-/// Run-time options of Loader<Bucketed>.
+/// Run-time options of Loader<Bucketed>: the common loader options plus the length bucketing.
 struct BucketedOptions {
-  /// Units per batch (prompts for online algorithms, pairs for DPO); with a token budget, the
-  /// most units a batch may hold.
-  HYBRIDRL_ARG(int64_t, batch_size) = 8;
+  /// Shared loader options (their keys sit at this level: loader.shuffle, loader.epochs...).
+  HYBRIDRL_ARG(LoaderCommonOptions, common) = {};
+  HYBRIDRL_LOADER_COMMON_ACCESSORS
   /// Cap on padded tokens per batch (units × sequences per unit × longest); 0 = by count only.
+  /// With a cap, batch_size is the most units a batch may hold (offline algorithms only).
   HYBRIDRL_ARG(int64_t, max_tokens_per_batch) = 0;
   /// Batches per sorting window: samples are shuffled, then sorted by length inside windows of
   /// window_batches × batch_size samples. Larger = less padding, less randomness; 0 = whole epoch.
   HYBRIDRL_ARG(int64_t, window_batches) = 256;
-  /// Shuffle sample order (and batch order) each epoch, seeded by (seed, epoch).
-  HYBRIDRL_ARG(bool, shuffle) = true;
-  HYBRIDRL_ARG(uint64_t, seed) = 0;
-  /// Drop the final short batch of an epoch (count mode; verl's train loader does).
-  HYBRIDRL_ARG(bool, drop_last) = false;
-  /// Epochs before next() returns std::nullopt; 0 = endless.
-  HYBRIDRL_ARG(int64_t, epochs) = 1;
-  /// Batches prepared ahead by the background thread; 0 = build on the caller's thread.
-  HYBRIDRL_ARG(int64_t, prefetch_factor) = 2;
-  /// Page-lock batch tensors for fast host-to-GPU copies (only when CUDA is available).
-  HYBRIDRL_ARG(bool, pin_memory) = true;
-  /// Padding side of prompt batches (left, so generation appends on the right, as verl does).
-  HYBRIDRL_ARG(PaddingSide, prompt_padding) = PaddingSide::left;
 
-  /// Throws hybridrl::Error for an impossible value.
+  HYBRIDRL_FIELDS(common, max_tokens_per_batch, window_batches)
+
+  /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
-    detail::validate_loader_common(*this);
+    common_.validate();
     HYBRIDRL_CHECK(max_tokens_per_batch_ >= 0,
-                   fmt::format("loader.max_tokens_per_batch = {} is negative", max_tokens_per_batch_),
+                   fmt::format("max_tokens_per_batch = {} is negative", max_tokens_per_batch_),
                    "use 0 (no token cap) or a positive budget");
     HYBRIDRL_CHECK(window_batches_ >= 0,
-                   fmt::format("loader.window_batches = {} is negative", window_batches_),
+                   fmt::format("window_batches = {} is negative", window_batches_),
                    "use 0 (sort the whole epoch) or a positive number of batches such as 256");
   }
 };

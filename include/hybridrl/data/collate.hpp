@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "hybridrl/core/options.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/planning.hpp"
@@ -34,6 +35,7 @@ namespace hybridrl {
 
 /// Where padding goes in a padded row.
 enum class PaddingSide { left, right };
+HYBRIDRL_ENUM_NAMES(PaddingSide, left, right);
 
 namespace detail {
 

@@ -29,23 +29,6 @@
 
 namespace hybridrl {
 
-namespace detail {
-
-/// The checks every loader Options struct shares: batch_size, epochs and prefetch_factor (the
-/// fields the BatchLoader reads). Each policy's validate() calls it, then checks its own fields.
-template <class Options>
-void validate_loader_common(const Options& o) {
-  HYBRIDRL_CHECK(o.batch_size() >= 1, fmt::format("loader.batch_size = {} is below 1", o.batch_size()),
-                 "use a positive batch size");
-  HYBRIDRL_CHECK(o.epochs() >= 0, fmt::format("loader.epochs = {} is negative", o.epochs()),
-                 "use 0 (endless) or a positive number of epochs");
-  HYBRIDRL_CHECK(o.prefetch_factor() >= 0,
-                 fmt::format("loader.prefetch_factor = {} is negative", o.prefetch_factor()),
-                 "use 0 (no background thread) or a small positive depth such as 2");
-}
-
-}  // namespace detail
-
 /// Where a loader is: the batches of epoch `epoch` before `batch_in_epoch` have been returned.
 /// A checkpoint saves it (to_json) and a resumed loader continues exactly from it.
 struct LoaderState {
@@ -168,7 +151,7 @@ class BatchLoader {
                    fmt::format("loader: an epoch of {} samples yields no batch (batch_size = {}, "
                                "drop_last = {})",
                                d.size(), core_->options.batch_size(), core_->options.drop_last()),
-                   "lower loader.batch_size or set drop_last(false)");
+                   "lower the batch size (geometry.train_batch_size under a Trainer) or set drop_last(false)");
     core_->state = s;
     core_->producer_state = s;
     if (core_->options.prefetch_factor() > 0) {

@@ -21,34 +21,25 @@
 #include "hybridrl/data/collate.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/loader.hpp"
+#include "hybridrl/data/loader_options.hpp"
 #include "hybridrl/data/planning.hpp"
 
 namespace hybridrl {
 
-/// Run-time options of Loader<Packed>.
+/// Run-time options of Loader<Packed>: the common loader options plus the row length.
 struct PackedOptions {
-  /// Units per batch before packing (prompts for online algorithms, pairs for DPO).
-  HYBRIDRL_ARG(int64_t, batch_size) = 8;
+  /// Shared loader options (their keys sit at this level: loader.shuffle, loader.epochs...).
+  HYBRIDRL_ARG(LoaderCommonOptions, common) = {};
+  HYBRIDRL_LOADER_COMMON_ACCESSORS
   /// Tokens per packed row; must be at least the longest sequence.
   HYBRIDRL_ARG(int64_t, row_length) = 4096;
-  /// Shuffle unit order each epoch, seeded by (seed, epoch).
-  HYBRIDRL_ARG(bool, shuffle) = true;
-  HYBRIDRL_ARG(uint64_t, seed) = 0;
-  /// Drop the final short batch of an epoch.
-  HYBRIDRL_ARG(bool, drop_last) = false;
-  /// Epochs before next() returns std::nullopt; 0 = endless.
-  HYBRIDRL_ARG(int64_t, epochs) = 1;
-  /// Batches prepared ahead by the background thread; 0 = build on the caller's thread.
-  HYBRIDRL_ARG(int64_t, prefetch_factor) = 2;
-  /// Page-lock batch tensors for fast host-to-GPU copies (only when CUDA is available).
-  HYBRIDRL_ARG(bool, pin_memory) = true;
-  /// Padding side of prompt batches (prompts are not packed).
-  HYBRIDRL_ARG(PaddingSide, prompt_padding) = PaddingSide::left;
 
-  /// Throws hybridrl::Error for an impossible value.
+  HYBRIDRL_FIELDS(common, row_length)
+
+  /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
-    detail::validate_loader_common(*this);
-    HYBRIDRL_CHECK(row_length_ >= 1, fmt::format("loader.row_length = {} is below 1", row_length_),
+    common_.validate();
+    HYBRIDRL_CHECK(row_length_ >= 1, fmt::format("row_length = {} is below 1", row_length_),
                    "use a row length at least as long as the longest sample");
   }
 };

@@ -20,13 +20,22 @@ struct NaiveOptions {
   HYBRIDRL_ARG(SamplingOptions, sampling) = {};
   /// Sequences generated together (the dense cache is max_batch_size × (prompt + max_new_tokens)).
   HYBRIDRL_ARG(int64_t, max_batch_size) = 64;
+  /// Tensor-parallel size of the generation engine. Rollout<Naive> holds full weights, so only 1
+  /// is valid; the key exists so that every rollout spells it the same way (the Trainer reports
+  /// a larger value with the fix).
+  HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
 
-  /// Throws hybridrl::Error for an impossible value.
+  HYBRIDRL_FIELDS(sampling, max_batch_size, tensor_parallel_size)
+
+  /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
-    sampling_.validate();
+    detail::validate_member(sampling_, "sampling");
     HYBRIDRL_CHECK(max_batch_size_ >= 1,
-                   fmt::format("naive.max_batch_size = {} is below 1", max_batch_size_),
+                   fmt::format("max_batch_size = {} is below 1", max_batch_size_),
                    "use a positive batch size");
+    HYBRIDRL_CHECK(tensor_parallel_size_ >= 1,
+                   fmt::format("tensor_parallel_size = {} is below 1", tensor_parallel_size_),
+                   "use 1: Rollout<Naive> runs one full copy of the model per rank");
   }
 };
 

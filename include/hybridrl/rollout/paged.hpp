@@ -29,25 +29,32 @@ struct PagedOptions {
   HYBRIDRL_ARG(int64_t, max_num_batched_tokens) = 8192;
   /// Share the prompt blocks among the n samples of one prompt.
   HYBRIDRL_ARG(bool, prefix_sharing) = true;
-  /// Tensor-parallel size of the generation engine.
+  /// Tensor-parallel size of the generation engine (the one owner of this knob: the batch
+  /// geometry reads it, it is not set there).
   HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
   /// Capture the decode step in CUDA graphs (CUDA only).
   HYBRIDRL_ARG(bool, cuda_graphs) = true;
 
-  /// Throws hybridrl::Error for an impossible value.
+  HYBRIDRL_FIELDS(sampling, block_size, memory_fraction, max_num_seqs, max_num_batched_tokens,
+                  prefix_sharing, tensor_parallel_size, cuda_graphs)
+
+  /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
-    sampling_.validate();
+    detail::validate_member(sampling_, "sampling");
     HYBRIDRL_CHECK(block_size_ >= 1 && (block_size_ & (block_size_ - 1)) == 0,
-                   fmt::format("paged.block_size = {} is not a positive power of two", block_size_),
+                   fmt::format("block_size = {} is not a positive power of two", block_size_),
                    "use 16 (the usual choice) or another power of two");
     HYBRIDRL_CHECK(memory_fraction_ > 0.0 && memory_fraction_ < 1.0,
-                   fmt::format("paged.memory_fraction = {} is outside (0, 1)", memory_fraction_),
+                   fmt::format("memory_fraction = {} is outside (0, 1)", memory_fraction_),
                    "use a fraction such as 0.5; training state needs the rest");
-    HYBRIDRL_CHECK(max_num_seqs_ >= 1 && max_num_batched_tokens_ >= 1 && tensor_parallel_size_ >= 1,
-                   fmt::format("paged: max_num_seqs={}, max_num_batched_tokens={}, "
-                               "tensor_parallel_size={} must all be >= 1",
-                               max_num_seqs_, max_num_batched_tokens_, tensor_parallel_size_),
-                   "use positive limits");
+    HYBRIDRL_CHECK(max_num_seqs_ >= 1, fmt::format("max_num_seqs = {} is below 1", max_num_seqs_),
+                   "allow at least one sequence per step, e.g. 256");
+    HYBRIDRL_CHECK(max_num_batched_tokens_ >= 1,
+                   fmt::format("max_num_batched_tokens = {} is below 1", max_num_batched_tokens_),
+                   "allow a positive token budget per scheduler step, e.g. 8192");
+    HYBRIDRL_CHECK(tensor_parallel_size_ >= 1,
+                   fmt::format("tensor_parallel_size = {} is below 1", tensor_parallel_size_),
+                   "use 1 or a tensor-parallel size that divides the number of GPUs");
   }
 };
 

@@ -25,17 +25,35 @@ struct FSDPOptions {
   HYBRIDRL_ARG(c10::ScalarType, reduce_dtype) = c10::ScalarType::Float;
   /// Keep sharded parameters and optimizer state on the CPU between uses.
   HYBRIDRL_ARG(bool, cpu_offload) = false;
-  /// Recompute each decoder block in backward instead of storing its activations.
+  /// Recompute each decoder block in backward instead of storing its activations (the one owner
+  /// of this knob; the model applies it through its layer runner).
   HYBRIDRL_ARG(bool, activation_checkpointing) = false;
 
-  /// Throws hybridrl::Error for an impossible value.
+  HYBRIDRL_FIELDS(shard_group_size, param_dtype, reduce_dtype, cpu_offload,
+                  activation_checkpointing)
+
+  /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
     HYBRIDRL_CHECK(shard_group_size_ == -1 || shard_group_size_ >= 1,
-                   fmt::format("fsdp.shard_group_size = {} is invalid", shard_group_size_),
+                   fmt::format("shard_group_size = {} is invalid", shard_group_size_),
                    "use -1 (shard over all ranks) or a positive group size that divides world_size");
-    HYBRIDRL_CHECK(c10::isFloatingType(param_dtype_) && c10::isFloatingType(reduce_dtype_),
-                   "fsdp.param_dtype and fsdp.reduce_dtype must be floating-point types",
-                   "use at::kBFloat16, at::kHalf or at::kFloat");
+    HYBRIDRL_CHECK(c10::isFloatingType(param_dtype_),
+                   fmt::format("param_dtype = {} is not a floating-point type",
+                               c10::toString(param_dtype_)),
+                   "use bfloat16, float16 or float32");
+    HYBRIDRL_CHECK(c10::isFloatingType(reduce_dtype_),
+                   fmt::format("reduce_dtype = {} is not a floating-point type",
+                               c10::toString(reduce_dtype_)),
+                   "use float32 (or bfloat16 to halve the gradient traffic)");
+  }
+
+  /// Throws when shard_group_size does not tile `world_size` ranks (checked once it is known).
+  void check_world(int64_t world_size) const {
+    HYBRIDRL_CHECK(shard_group_size_ == -1 || world_size % shard_group_size_ == 0,
+                   fmt::format("shard_group_size = {} does not divide world_size {} ({} % {} = {})",
+                               shard_group_size_, world_size, world_size, shard_group_size_,
+                               world_size % shard_group_size_),
+                   "use -1 (shard over all ranks) or a divisor of the number of GPUs");
   }
 };
 

@@ -14,8 +14,10 @@
 
 namespace hybridrl {
 
-/// Run-time options of Sharding<TP3D>: the mesh. data × tensor × pipeline must equal world_size
-/// (checked when the world size is known); data = -1 means "whatever is left".
+/// Run-time options of Sharding<TP3D>: the training mesh. data × tensor × pipeline must equal
+/// world_size (checked when the world size is known); data = -1 means "whatever is left". The
+/// tensor-parallel size here is the training one; generation has its own (rollout.
+/// tensor_parallel_size) and receives weights in the layout it asks for (WeightSpec).
 struct TP3DOptions {
   HYBRIDRL_ARG(int64_t, data_parallel_size) = -1;
   HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
@@ -23,33 +25,43 @@ struct TP3DOptions {
   /// Split the sequence dimension of norms/dropouts over the tensor group (Megatron SP).
   HYBRIDRL_ARG(bool, sequence_parallel) = false;
 
-  /// Throws hybridrl::Error for an impossible mesh.
+  HYBRIDRL_FIELDS(data_parallel_size, tensor_parallel_size, pipeline_parallel_size,
+                  sequence_parallel)
+
+  /// Throws hybridrl::Error for an impossible mesh (problem starts with the field name).
   void validate() const {
-    HYBRIDRL_CHECK(tensor_parallel_size_ >= 1 && pipeline_parallel_size_ >= 1 &&
-                       (data_parallel_size_ == -1 || data_parallel_size_ >= 1),
-                   fmt::format("tp3d mesh data={} tensor={} pipeline={} has a size below 1",
-                               data_parallel_size_, tensor_parallel_size_, pipeline_parallel_size_),
-                   "use sizes >= 1 (data may be -1 to take the remaining ranks)");
+    HYBRIDRL_CHECK(data_parallel_size_ == -1 || data_parallel_size_ >= 1,
+                   fmt::format("data_parallel_size = {} is invalid", data_parallel_size_),
+                   "use -1 (take the ranks the other axes leave) or a positive size");
+    HYBRIDRL_CHECK(tensor_parallel_size_ >= 1,
+                   fmt::format("tensor_parallel_size = {} is below 1", tensor_parallel_size_),
+                   "use 1 (no tensor parallelism) or a divisor of the number of GPUs");
+    HYBRIDRL_CHECK(pipeline_parallel_size_ >= 1,
+                   fmt::format("pipeline_parallel_size = {} is below 1", pipeline_parallel_size_),
+                   "use 1 (no pipeline parallelism) or a divisor of the number of GPUs");
   }
 
   /// The data-parallel size on `world_size` ranks; throws when the mesh does not tile the world.
   [[nodiscard]] int64_t resolve_data_parallel(int64_t world_size) const {
     const int64_t model = tensor_parallel_size_ * pipeline_parallel_size_;
     HYBRIDRL_CHECK(world_size % model == 0,
-                   fmt::format("tp3d: tensor × pipeline = {} × {} = {} does not divide world_size {} "
-                               "({} % {} = {})",
+                   fmt::format("tensor_parallel_size × pipeline_parallel_size = {} × {} = {} does "
+                               "not divide world_size {} ({} % {} = {})",
                                tensor_parallel_size_, pipeline_parallel_size_, model, world_size,
                                world_size, model, world_size % model),
                    "choose tensor and pipeline sizes whose product divides the number of GPUs");
     const int64_t dp = world_size / model;
     HYBRIDRL_CHECK(data_parallel_size_ == -1 || data_parallel_size_ == dp,
-                   fmt::format("tp3d: data × tensor × pipeline = {} × {} × {} = {} but world_size is "
-                               "{}",
+                   fmt::format("data_parallel_size × tensor_parallel_size × pipeline_parallel_size "
+                               "= {} × {} × {} = {} but world_size is {}",
                                data_parallel_size_, tensor_parallel_size_, pipeline_parallel_size_,
                                data_parallel_size_ * model, world_size),
                    fmt::format("set data_parallel_size to {} or -1", dp));
     return dp;
   }
+
+  /// Throws when the mesh does not tile `world_size` ranks (the Trainer's cross-axis check).
+  void check_world(int64_t world_size) const { (void)resolve_data_parallel(world_size); }
 };
 
 /// Data × tensor (× pipeline) parallelism.
