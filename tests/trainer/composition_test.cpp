@@ -129,7 +129,7 @@ std::string error_of(F&& f) {
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 }  // namespace
 
-TEST_SUITE("core/composition") {
+TEST_SUITE("trainer/composition") {
   TEST_CASE("verl's field example: 60 prompts x 12 samples on 6 GPUs, generation TP=2") {
     auto g = BatchGeometry{}
                  .train_batch_size(60)
