@@ -168,8 +168,8 @@ TEST_SUITE("trainer/composition") {
 
   TEST_CASE("a composed trainer exposes its policies, validates options and describes itself") {
     using T = Trainer<On, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
-    static_assert(std::is_same_v<T::algorithm, On>);
-    static_assert(std::is_same_v<T::rollout, Rollout<Paged>>);
+    static_assert(std::is_same_v<T::algorithm_type, On>);
+    static_assert(std::is_same_v<T::rollout_type, Rollout<Paged>>);
     static_assert(T::has_rollout);
     T::Options opts;
     opts.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
@@ -191,7 +191,7 @@ TEST_SUITE("trainer/composition") {
   TEST_CASE("offline form: three policies, no rollout, rollout_n must stay 1") {
     using T = Trainer<Off, Sharding<FSDP>, Loader<Packed>>;
     static_assert(!T::has_rollout);
-    static_assert(std::is_same_v<T::loader, Loader<Packed>>);
+    static_assert(std::is_same_v<T::loader_type, Loader<Packed>>);
     T trainer(T::Options{});
     CHECK(contains(trainer.describe(), "Algorithm<Offline> Sharding<FSDP> Loader<Packed>"));
     T::Options bad;
@@ -202,8 +202,8 @@ TEST_SUITE("trainer/composition") {
   TEST_CASE("a user algorithm's hooks run through the trainer's types") {
     using T = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Packed>>;
     TensorBatch b({{"scores", at::tensor(std::vector<float>{1.f, 2.f, 3.f})}});
-    T::algorithm::compute_advantages(b, TinyOptions{}.scale(2.0));
-    auto out = T::algorithm::loss(b, TinyOptions{}, LossScale{0, 3, 1});
+    T::algorithm_type::compute_advantages(b, TinyOptions{}.scale(2.0));
+    auto out = T::algorithm_type::loss(b, TinyOptions{}, LossScale{0, 3, 1});
     CHECK(out.loss.item<float>() == doctest::Approx((2.f + 4.f + 6.f) / 3.f));
   }
 
