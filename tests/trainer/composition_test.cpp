@@ -83,6 +83,8 @@ static_assert(sharding_policy<Sharding<FSDP>> && sharding_policy<Sharding<TP3D>>
 static_assert(rollout_policy<Rollout<Paged>> && rollout_policy<Rollout<Naive>>);
 static_assert(loader_policy<Loader<Packed>> && loader_policy<Loader<Bucketed>>);
 static_assert(!sharding_policy<Rollout<Paged>> && !loader_policy<Sharding<FSDP>>);
+static_assert(Sharding<TP3D>::produces_tensor_parallel_shards && !Sharding<FSDP>::produces_tensor_parallel_shards);
+static_assert(Rollout<Paged>::accepts_tensor_parallel_weights && !Rollout<Naive>::accepts_tensor_parallel_weights);
 
 // ---- trainer_config: the cross-axis rules as a concept ----
 using On = Algorithm<OnlineTag>;
@@ -102,6 +104,32 @@ static_assert(!trainer_config<On, Sharding<TP3D>, Rollout<Naive>, Loader<Buckete
 // (d) a policy missing a hook
 static_assert(!trainer_config<Algorithm<NoLossTag>, Sharding<FSDP>, NoRollout, Loader<Packed>>);
 static_assert(!trainer_config<Algorithm<NoAdvantageTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>);
+
+// the sentence-carrying rules (first_broken_rule) and the concept agree on every case above
+template <class A, class S, class R, class L>
+constexpr bool rules_agree() {
+  constexpr auto broken = [] {
+    if constexpr (std::is_same_v<R, NoRollout>) return hybridrl::detail::first_broken_rule<A, S, L>();
+    else return hybridrl::detail::first_broken_rule<A, S, R, L>();
+  }();
+  return (broken == hybridrl::detail::TrainerRule::ok) == trainer_config<A, S, R, L>;
+}
+static_assert(rules_agree<On, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>());
+static_assert(rules_agree<On, Sharding<TP3D>, Rollout<Paged>, Loader<Packed>>());
+static_assert(rules_agree<Off, Sharding<FSDP>, NoRollout, Loader<Packed>>());
+static_assert(rules_agree<Sharding<FSDP>, On, Rollout<Paged>, Loader<Bucketed>>());
+static_assert(rules_agree<On, Sharding<FSDP>, NoRollout, Loader<Bucketed>>());
+static_assert(rules_agree<Off, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>());
+static_assert(rules_agree<On, Sharding<TP3D>, Rollout<Naive>, Loader<Bucketed>>());
+static_assert(rules_agree<Algorithm<NoLossTag>, Sharding<FSDP>, NoRollout, Loader<Packed>>());
+static_assert(rules_agree<Algorithm<NoAdvantageTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>());
+static_assert(rules_agree<Algorithm<CriticNoValueLossTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>());
+// and name the rule that is broken
+static_assert(hybridrl::detail::first_broken_rule<On, Sharding<TP3D>, Rollout<Naive>, Loader<Bucketed>>() ==
+              hybridrl::detail::TrainerRule::tensor_parallel_weights);
+static_assert(hybridrl::detail::first_broken_rule<Algorithm<CriticNoValueLossTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>() ==
+              hybridrl::detail::TrainerRule::algorithm_value_loss);
+static_assert(hybridrl::detail::first_broken_rule<On, Sharding<FSDP>>() == hybridrl::detail::TrainerRule::policy_count);
 
 // ---- geometry rules at compile time ----
 static_assert(check_geometry(60, 12, 6, 60, 4) == GeometryRule::ok);
