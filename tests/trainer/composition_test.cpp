@@ -255,3 +255,14 @@ TEST_SUITE("trainer/composition") {
     CHECK(e.fix() == "the fix");
   }
 }
+
+// ---- the named presets (trainer/presets.hpp) are the combinations their names say ----
+static_assert(std::is_same_v<PPOTrainer, Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>>);
+static_assert(std::is_same_v<GRPOTrainer::algorithm_type, Algorithm<GRPO>> && GRPOTrainer::has_rollout);
+static_assert(std::is_same_v<DPOTrainer::algorithm_type, Algorithm<DPO>> && !DPOTrainer::has_rollout);
+static_assert(std::is_same_v<KTOTrainer::loader_type, Loader<Packed>> && !KTOTrainer::has_rollout);
+
+TEST_CASE("trainer/presets: a preset constructs and describes itself") {
+  GRPOTrainer t(GRPOTrainer::Options{});
+  CHECK(contains(t.describe(), "Algorithm<GRPO> Sharding<FSDP> Rollout<Paged> Loader<Bucketed>"));
+}
