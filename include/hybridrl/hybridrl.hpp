@@ -22,3 +22,4 @@
 #include "hybridrl/io/json.hpp"
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/trainer/trainer.hpp"
+#include "hybridrl/trainer/presets.hpp"

@@ -1,5 +1,6 @@
 // Rule (a): the last slot of the offline form takes a Loader, not a Rollout.
-// EXPECT: the last Trainer slot takes a Loader
+// EXPECT: the last Trainer slot takes a Loader.*, not a Rollout
+// REJECT: static assertion failed.*static assertion failed
 #include <hybridrl/hybridrl.hpp>
 
 using namespace hybridrl;

@@ -1,5 +1,6 @@
 // Rule (b): DPO/KTO train on a fixed dataset and take no Rollout.
 // EXPECT: this Algorithm is offline .* takes no Rollout
+// REJECT: static assertion failed.*static assertion failed
 #include <hybridrl/hybridrl.hpp>
 
 using namespace hybridrl;

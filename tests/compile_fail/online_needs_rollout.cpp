@@ -1,5 +1,6 @@
 // Rule (b): PPO/GRPO generate their own samples and need a Rollout.
 // EXPECT: this Algorithm is online .* needs a Rollout
+// REJECT: static assertion failed.*static assertion failed
 #include <hybridrl/hybridrl.hpp>
 
 using namespace hybridrl;

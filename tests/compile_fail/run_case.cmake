@@ -2,9 +2,9 @@
 # compile_commands.json), so every case runs as its own ctest entry, in parallel, without a
 # `cmake --build` of the shared build tree. Variables:
 #   COMMANDS  path of compile_commands.json      SOURCE  the source file to compile
-#   MODE      ok (must compile) | fail (must not compile, output must match EXPECT, not FORBID)
+#   MODE      ok (must compile) | fail (must not compile, output must match EXPECT, not REJECT)
 #   EXPECT    regex the compiler output must match (fail mode)
-#   FORBID    optional regex the output must NOT match (e.g. a second rule's message)
+#   REJECT    optional regex the output must NOT match (e.g. a second rule's message)
 file(READ ${COMMANDS} db)
 string(JSON n LENGTH "${db}")
 math(EXPR last "${n} - 1")
@@ -43,8 +43,8 @@ endif()
 if(NOT out MATCHES "${EXPECT}")
   message(FATAL_ERROR "the compiler failed, but without the expected message: ${EXPECT}")
 endif()
-if(FORBID AND out MATCHES "${FORBID}")
-  message(FATAL_ERROR "the compiler also printed a message that must not appear: ${FORBID}")
+if(REJECT AND out MATCHES "${REJECT}")
+  message(FATAL_ERROR "the compiler also printed a message that must not appear: ${REJECT}")
 endif()
 # Only the first broken rule speaks: at most one static_assert fires.
 string(REGEX MATCHALL "static assertion failed" asserts "${out}")

@@ -1,5 +1,6 @@
 // Rule (a): each Trainer slot takes its own axis.
 // EXPECT: the first Trainer slot takes an Algorithm
+// REJECT: static assertion failed.*static assertion failed
 #include <hybridrl/hybridrl.hpp>
 
 using namespace hybridrl;

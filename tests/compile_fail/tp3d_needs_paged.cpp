@@ -1,5 +1,6 @@
 // Rule (c): Sharding<TP3D> hands over tensor-parallel weights; Rollout<Naive> cannot take them.
 // EXPECT: Use Rollout<Paged> with Sharding<TP3D>
+// REJECT: static assertion failed.*static assertion failed
 #include <hybridrl/hybridrl.hpp>
 
 using namespace hybridrl;

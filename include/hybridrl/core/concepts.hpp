@@ -1,10 +1,11 @@
 #pragma once
 /// \file
-/// One C++20 concept per policy axis, layered from small documented pieces, plus the cross-axis
-/// concept `trainer_config`. Built-in policies assert these right where they are defined; the
-/// Trainer re-checks each piece with its own static_assert so the compiler prints a sentence.
+/// The pieces every policy descriptor shares (`named_policy`, `declares_engine`) and the Algorithm
+/// axis's concepts. Each other axis's concepts live beside the axis: rollout/concepts.hpp,
+/// sharding/concepts.hpp, data/concepts.hpp; the cross-axis rules are trainer/rules.hpp.
 
 #include <concepts>
+#include <string_view>
 #include <type_traits>
 
 #include "hybridrl/core/loss.hpp"
@@ -25,6 +26,12 @@ concept named_policy = requires {
   typename P::options_type;
   { P::name } -> std::convertible_to<std::string_view>;
 } && validatable_options<typename P::options_type>;
+
+/// A descriptor that builds a run-time engine names its type: `using engine_type = ...;`, the type
+/// `make(...)` returns. The axis concept checks the engine against the axis's engine concept
+/// (rollout_engine, sharded_model) whenever it is declared.
+template <class P>
+concept declares_engine = requires { typename P::engine_type; };
 
 // ---- Algorithm ---------------------------------------------------------------------------------
 
@@ -76,64 +83,5 @@ template <class P>
 concept algorithm_policy = algorithm_traits<P> && has_loss_hook<P> &&
                            (!is_online_v<P> || has_advantage_hook<P>) &&
                            (!P::needs_critic || has_value_loss_hook<P>);
-
-// ---- Sharding ----------------------------------------------------------------------------------
-
-/// A Sharding policy provides `tag`, `options_type`, `name` and `rollout_layout` (WeightLayout):
-/// the layout in which it hands updated weights to the Rollout.
-template <class P>
-concept sharding_policy = named_policy<P> && requires {
-  { P::rollout_layout } -> std::convertible_to<WeightLayout>;
-};
-
-// ---- Rollout -----------------------------------------------------------------------------------
-
-/// A Rollout policy provides `tag`, `options_type`, `name` and `accepts_tensor_parallel_weights`
-/// (bool): whether it can generate from weights split over a tensor-parallel group.
-template <class P>
-concept rollout_policy = named_policy<P> && requires {
-  { P::accepts_tensor_parallel_weights } -> std::convertible_to<bool>;
-};
-
-// ---- Loader ------------------------------------------------------------------------------------
-
-/// A Loader policy provides `tag`, `options_type`, `name` and `packs_sequences` (bool): whether
-/// its batches are packed rows (position ids restart per sample) rather than padded rows; and the
-/// hooks the shared loader object (data/loader.hpp) calls:
-/// - `static std::vector<std::vector<int64_t>> plan_epoch(const std::vector<int64_t>& unit_lengths,
-///   int64_t sequences_per_unit, const options_type&, int64_t epoch)`: the unit indices of each
-///   batch of an epoch, deterministic in its arguments (the seed is in the options);
-/// - `static void check_data(int64_t longest_sequence, int64_t sequences_per_unit, DataKind,
-///   const options_type&)`: throws hybridrl::Error when the options cannot hold the data;
-/// - `template <dataset D> static TensorBatch collate(const D&, std::span<const int64_t> units,
-///   const options_type&)` and `make(dataset, options, resume_state)` (templates, so checked
-///   where they are used). The options must also have `seed()`, `epochs()`, `batch_size()`,
-///   `drop_last()`, `prefetch_factor()` and `pin_memory()`.
-template <class P>
-concept loader_policy =
-    named_policy<P> &&
-    requires(const std::vector<int64_t>& lengths, const typename P::options_type& o) {
-      { P::packs_sequences } -> std::convertible_to<bool>;
-      { P::plan_epoch(lengths, int64_t{1}, o, int64_t{0}) } ->
-          std::same_as<std::vector<std::vector<int64_t>>>;
-      P::check_data(int64_t{1}, int64_t{1}, DataKind::prompts, o);
-      { o.seed() } -> std::convertible_to<uint64_t>;
-      { o.epochs() } -> std::convertible_to<int64_t>;
-      { o.prefetch_factor() } -> std::convertible_to<int64_t>;
-    };
-
-// ---- cross-axis ----------------------------------------------------------------------------------
-
-/// The cross-axis rules of a Trainer, in one concept (R is NoRollout for the offline form):
-/// each slot holds its own axis; online algorithms have a Rollout and offline ones none; a Sharding
-/// that hands over tensor-parallel weights needs a Rollout that accepts them.
-template <class A, class S, class R, class L>
-concept trainer_config =
-    is_algorithm_v<A> && is_sharding_v<S> && (is_rollout_v<R> || std::same_as<R, NoRollout>) &&
-    is_loader_v<L> && algorithm_policy<A> && sharding_policy<S> && loader_policy<L> &&
-    (std::same_as<R, NoRollout> || rollout_policy<R>) &&
-    (is_online_v<A> == !std::same_as<R, NoRollout>) &&
-    (S::rollout_layout != WeightLayout::tensor_parallel || std::same_as<R, NoRollout> ||
-     R::accepts_tensor_parallel_weights);
 
 }  // namespace hybridrl

@@ -18,12 +18,6 @@ enum class DataKind {
   labelled_completions,  ///< KTO: (prompt, completion, desirable?)
 };
 
-/// How the Sharding policy hands weights to the Rollout policy between update and generation.
-enum class WeightLayout {
-  replicated,       ///< every rollout rank receives full (gathered) weights — FSDP
-  tensor_parallel,  ///< weights stay split along the tensor-parallel mesh axis — TP3D
-};
-
 /// Algorithm axis: `Algorithm<PPO>`, `Algorithm<GRPO>`, `Algorithm<DPO>`, `Algorithm<KTO>`, or yours.
 template <class Tag>
 struct Algorithm {
@@ -32,6 +26,7 @@ struct Algorithm {
                 "tags PPO, GRPO, DPO, KTO (include <hybridrl/algorithm/algorithm.hpp>), or write "
                 "`template <> struct hybridrl::Algorithm<YourTag> { ... };` with the hooks listed in "
                 "docs/extending.md.");
+  using hybridrl_unspecialized = Tag;  ///< marks the primary template (see detail::unspecialized)
 };
 
 /// Sharding axis: `Sharding<FSDP>` or `Sharding<TP3D>`.
@@ -40,6 +35,7 @@ struct Sharding {
   static_assert(detail::dependent_false<Tag>,
                 "hybridrl: Sharding<Tag> is not specialized for this tag. Use Sharding<FSDP> or "
                 "Sharding<TP3D> (include <hybridrl/sharding/sharding.hpp>).");
+  using hybridrl_unspecialized = Tag;  ///< marks the primary template (see detail::unspecialized)
 };
 
 /// Rollout axis: `Rollout<Paged>` or `Rollout<Naive>`.
@@ -48,6 +44,7 @@ struct Rollout {
   static_assert(detail::dependent_false<Tag>,
                 "hybridrl: Rollout<Tag> is not specialized for this tag. Use Rollout<Paged> or "
                 "Rollout<Naive> (include <hybridrl/rollout/rollout.hpp>).");
+  using hybridrl_unspecialized = Tag;  ///< marks the primary template (see detail::unspecialized)
 };
 
 /// Loader axis: `Loader<Packed>` or `Loader<Bucketed>`.
@@ -56,10 +53,18 @@ struct Loader {
   static_assert(detail::dependent_false<Tag>,
                 "hybridrl: Loader<Tag> is not specialized for this tag. Use Loader<Packed> or "
                 "Loader<Bucketed> (include <hybridrl/data/data.hpp>).");
+  using hybridrl_unspecialized = Tag;  ///< marks the primary template (see detail::unspecialized)
 };
 
 /// Marks the absent Rollout slot of an offline trainer, `Trainer<Algorithm<DPO>, Sharding<..>, Loader<..>>`.
 struct NoRollout {};
+
+namespace detail {
+/// True for an axis template used with a tag that has no specialization: its own static_assert has
+/// already said so, and the Trainer's rules stay silent about it (only the first broken rule speaks).
+template <class P>
+concept unspecialized = requires { typename P::hybridrl_unspecialized; };
+}  // namespace detail
 
 // ---- which axis a type belongs to (by pattern, without instantiating the policy) ----
 

@@ -13,10 +13,10 @@
 #include <string_view>
 #include <vector>
 
-#include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/data/collate.hpp"
+#include "hybridrl/data/concepts.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/loader.hpp"
 #include "hybridrl/data/loader_options.hpp"
@@ -108,6 +108,9 @@ struct Loader<Bucketed> {
                 std::move(resume));
   }
 };
-static_assert(loader_policy<Loader<Bucketed>>);
+static_assert(loader_policy<Loader<Bucketed>>,
+              "hybridrl: Loader<Bucketed> must model loader_policy (data/concepts.hpp)");
+static_assert(batch_loader<BatchLoader<Loader<Bucketed>, PromptDataset>>,
+              "hybridrl: Loader<Bucketed>::make must return a batch_loader (data/concepts.hpp)");
 
 }  // namespace hybridrl

@@ -31,6 +31,7 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/policy.hpp"
+#include "hybridrl/data/concepts.hpp"
 #include "hybridrl/io/json.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 
@@ -501,20 +502,8 @@ class LabelledDataset : public detail::DatasetStorage<LabelledDataset, LabelledS
   }
 };
 
-/// What a loader needs from a dataset: units with known lengths, a pad id, statistics and a
-/// data kind. PromptDataset, PreferenceDataset and LabelledDataset model it.
-template <class D>
-concept dataset = requires(const D& d, int64_t i) {
-  { d.size() } -> std::convertible_to<int64_t>;
-  { d.unit_length(i) } -> std::convertible_to<int64_t>;
-  { d.longest_sequence() } -> std::convertible_to<int64_t>;
-  { d.pad_id() } -> std::convertible_to<int64_t>;
-  { d.statistics() } -> std::convertible_to<const DataStatistics&>;
-  { D::data_kind } -> std::convertible_to<DataKind>;
-  { D::sequences_per_unit } -> std::convertible_to<int64_t>;
-};
-static_assert(dataset<PromptDataset>);
-static_assert(dataset<PreferenceDataset>);
-static_assert(dataset<LabelledDataset>);
+static_assert(dataset<PromptDataset>, "hybridrl: PromptDataset must model the dataset concept (data/concepts.hpp)");
+static_assert(dataset<PreferenceDataset>, "hybridrl: PreferenceDataset must model the dataset concept (data/concepts.hpp)");
+static_assert(dataset<LabelledDataset>, "hybridrl: LabelledDataset must model the dataset concept (data/concepts.hpp)");
 
 }  // namespace hybridrl

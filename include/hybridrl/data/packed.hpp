@@ -15,10 +15,10 @@
 #include <string_view>
 #include <vector>
 
-#include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/data/collate.hpp"
+#include "hybridrl/data/concepts.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/loader.hpp"
 #include "hybridrl/data/loader_options.hpp"
@@ -104,6 +104,9 @@ struct Loader<Packed> {
                 std::move(resume));
   }
 };
-static_assert(loader_policy<Loader<Packed>>);
+static_assert(loader_policy<Loader<Packed>>,
+              "hybridrl: Loader<Packed> must model loader_policy (data/concepts.hpp)");
+static_assert(batch_loader<BatchLoader<Loader<Packed>, PromptDataset>>,
+              "hybridrl: Loader<Packed>::make must return a batch_loader (data/concepts.hpp)");
 
 }  // namespace hybridrl

@@ -1,16 +1,16 @@
 #pragma once
 /// \file
 /// `Rollout<Naive>`: a dense padded KV cache; all sequences of a batch advance together. Simple and
-/// the reference oracle for Rollout<Paged> (greedy outputs must match). Needs full (replicated)
-/// weights, so it does not pair with Sharding<TP3D>.
+/// the reference oracle for Rollout<Paged> (greedy outputs must match). Needs full weights
+/// (accepts_tensor_parallel_weights = false), so it does not pair with Sharding<TP3D>.
 
 #include <fmt/format.h>
 
 #include <cstdint>
 
-#include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/rollout/concepts.hpp"
 #include "hybridrl/rollout/sampling.hpp"
 
 namespace hybridrl {
@@ -39,7 +39,7 @@ struct NaiveOptions {
   }
 };
 
-/// Dense padded KV cache.
+/// Dense padded KV cache. The descriptor of Rollout<Naive>; its engine comes with the rollout issue.
 template <>
 struct Rollout<Naive> {
   using tag = Naive;
@@ -47,6 +47,7 @@ struct Rollout<Naive> {
   static constexpr std::string_view name = "Naive";
   static constexpr bool accepts_tensor_parallel_weights = false;
 };
-static_assert(rollout_policy<Rollout<Naive>>);
+static_assert(rollout_policy<Rollout<Naive>>,
+              "hybridrl: Rollout<Naive> must model rollout_policy (rollout/concepts.hpp)");
 
 }  // namespace hybridrl

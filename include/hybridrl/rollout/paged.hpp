@@ -9,9 +9,9 @@
 
 #include <cstdint>
 
-#include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/rollout/concepts.hpp"
 #include "hybridrl/rollout/sampling.hpp"
 
 namespace hybridrl {
@@ -58,7 +58,8 @@ struct PagedOptions {
   }
 };
 
-/// Paged KV cache with continuous batching.
+/// Paged KV cache with continuous batching. The descriptor of Rollout<Paged>; its engine comes with
+/// the rollout issue.
 template <>
 struct Rollout<Paged> {
   using tag = Paged;
@@ -66,6 +67,7 @@ struct Rollout<Paged> {
   static constexpr std::string_view name = "Paged";
   static constexpr bool accepts_tensor_parallel_weights = true;
 };
-static_assert(rollout_policy<Rollout<Paged>>);
+static_assert(rollout_policy<Rollout<Paged>>,
+              "hybridrl: Rollout<Paged> must model rollout_policy (rollout/concepts.hpp)");
 
 }  // namespace hybridrl

@@ -2,16 +2,17 @@
 /// \file
 /// `Sharding<FSDP>`: fully sharded data parallel. Parameters live as flat shards per layer unit,
 /// are all-gathered before use and resharded after; gradients are reduce-scattered; optimizer state
-/// is sharded. For generation it gathers full weights (WeightLayout::replicated).
+/// is sharded. For generation it gathers full weights and exports the shard any WeightSpec asks for
+/// (produces_tensor_parallel_shards = false: it can hand over full weights).
 
 #include <c10/core/ScalarType.h>
 #include <fmt/format.h>
 
 #include <cstdint>
 
-#include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/sharding/concepts.hpp"
 
 namespace hybridrl {
 
@@ -57,14 +58,16 @@ struct FSDPOptions {
   }
 };
 
-/// Fully sharded data parallel.
+/// Fully sharded data parallel. The descriptor of Sharding<FSDP>; its engine comes with the sharding
+/// issue.
 template <>
 struct Sharding<FSDP> {
   using tag = FSDP;
   using options_type = FSDPOptions;
   static constexpr std::string_view name = "FSDP";
-  static constexpr WeightLayout rollout_layout = WeightLayout::replicated;
+  static constexpr bool produces_tensor_parallel_shards = false;
 };
-static_assert(sharding_policy<Sharding<FSDP>>);
+static_assert(sharding_policy<Sharding<FSDP>>,
+              "hybridrl: Sharding<FSDP> must model sharding_policy (sharding/concepts.hpp)");
 
 }  // namespace hybridrl

@@ -2,15 +2,16 @@
 /// \file
 /// `Sharding<TP3D>`: a data × tensor (× pipeline) mesh. Linear layers are column/row parallel, the
 /// embedding and the loss vocabulary-parallel. Weights reach the rollout still split along the
-/// tensor axis (WeightLayout::tensor_parallel), so the Rollout must accept them (Rollout<Paged>).
+/// tensor axis (produces_tensor_parallel_shards = true), so the Rollout must accept them
+/// (Rollout<Paged>).
 
 #include <fmt/format.h>
 
 #include <cstdint>
 
-#include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/sharding/concepts.hpp"
 
 namespace hybridrl {
 
@@ -64,14 +65,16 @@ struct TP3DOptions {
   void check_world(int64_t world_size) const { (void)resolve_data_parallel(world_size); }
 };
 
-/// Data × tensor (× pipeline) parallelism.
+/// Data × tensor (× pipeline) parallelism. The descriptor of Sharding<TP3D>; its engine comes with the
+/// sharding issue.
 template <>
 struct Sharding<TP3D> {
   using tag = TP3D;
   using options_type = TP3DOptions;
   static constexpr std::string_view name = "TP3D";
-  static constexpr WeightLayout rollout_layout = WeightLayout::tensor_parallel;
+  static constexpr bool produces_tensor_parallel_shards = true;
 };
-static_assert(sharding_policy<Sharding<TP3D>>);
+static_assert(sharding_policy<Sharding<TP3D>>,
+              "hybridrl: Sharding<TP3D> must model sharding_policy (sharding/concepts.hpp)");
 
 }  // namespace hybridrl

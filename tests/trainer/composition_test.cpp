@@ -1,9 +1,8 @@
-// Policy axes, the cross-axis rules, batch geometry, options and device reporting.
+// trainer/trainer.hpp and trainer/rules.hpp: policy axes, the cross-axis rules, batch geometry and options.
 // (What must NOT compile is in tests/compile_fail/; here: what must compile and what must be false.)
 
 #include <hybridrl/hybridrl.hpp>
 
-#include <sstream>
 #include <string>
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
@@ -83,6 +82,8 @@ static_assert(sharding_policy<Sharding<FSDP>> && sharding_policy<Sharding<TP3D>>
 static_assert(rollout_policy<Rollout<Paged>> && rollout_policy<Rollout<Naive>>);
 static_assert(loader_policy<Loader<Packed>> && loader_policy<Loader<Bucketed>>);
 static_assert(!sharding_policy<Rollout<Paged>> && !loader_policy<Sharding<FSDP>>);
+static_assert(Sharding<TP3D>::produces_tensor_parallel_shards && !Sharding<FSDP>::produces_tensor_parallel_shards);
+static_assert(Rollout<Paged>::accepts_tensor_parallel_weights && !Rollout<Naive>::accepts_tensor_parallel_weights);
 
 // ---- trainer_config: the cross-axis rules as a concept ----
 using On = Algorithm<OnlineTag>;
@@ -102,6 +103,32 @@ static_assert(!trainer_config<On, Sharding<TP3D>, Rollout<Naive>, Loader<Buckete
 // (d) a policy missing a hook
 static_assert(!trainer_config<Algorithm<NoLossTag>, Sharding<FSDP>, NoRollout, Loader<Packed>>);
 static_assert(!trainer_config<Algorithm<NoAdvantageTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>);
+
+// the sentence-carrying rules (first_broken_rule) and the concept agree on every case above
+template <class A, class S, class R, class L>
+constexpr bool rules_agree() {
+  constexpr auto broken = [] {
+    if constexpr (std::is_same_v<R, NoRollout>) return hybridrl::detail::first_broken_rule<A, S, L>();
+    else return hybridrl::detail::first_broken_rule<A, S, R, L>();
+  }();
+  return (broken == hybridrl::detail::TrainerRule::ok) == trainer_config<A, S, R, L>;
+}
+static_assert(rules_agree<On, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>());
+static_assert(rules_agree<On, Sharding<TP3D>, Rollout<Paged>, Loader<Packed>>());
+static_assert(rules_agree<Off, Sharding<FSDP>, NoRollout, Loader<Packed>>());
+static_assert(rules_agree<Sharding<FSDP>, On, Rollout<Paged>, Loader<Bucketed>>());
+static_assert(rules_agree<On, Sharding<FSDP>, NoRollout, Loader<Bucketed>>());
+static_assert(rules_agree<Off, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>());
+static_assert(rules_agree<On, Sharding<TP3D>, Rollout<Naive>, Loader<Bucketed>>());
+static_assert(rules_agree<Algorithm<NoLossTag>, Sharding<FSDP>, NoRollout, Loader<Packed>>());
+static_assert(rules_agree<Algorithm<NoAdvantageTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>());
+static_assert(rules_agree<Algorithm<CriticNoValueLossTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>());
+// and name the rule that is broken
+static_assert(hybridrl::detail::first_broken_rule<On, Sharding<TP3D>, Rollout<Naive>, Loader<Bucketed>>() ==
+              hybridrl::detail::TrainerRule::tensor_parallel_weights);
+static_assert(hybridrl::detail::first_broken_rule<Algorithm<CriticNoValueLossTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>() ==
+              hybridrl::detail::TrainerRule::algorithm_value_loss);
+static_assert(hybridrl::detail::first_broken_rule<On, Sharding<FSDP>>() == hybridrl::detail::TrainerRule::policy_count);
 
 // ---- geometry rules at compile time ----
 static_assert(check_geometry(60, 12, 6, 60, 4) == GeometryRule::ok);
@@ -129,7 +156,7 @@ std::string error_of(F&& f) {
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 }  // namespace
 
-TEST_SUITE("core/composition") {
+TEST_SUITE("trainer/composition") {
   TEST_CASE("verl's field example: 60 prompts x 12 samples on 6 GPUs, generation TP=2") {
     auto g = BatchGeometry{}
                  .train_batch_size(60)
@@ -168,8 +195,8 @@ TEST_SUITE("core/composition") {
 
   TEST_CASE("a composed trainer exposes its policies, validates options and describes itself") {
     using T = Trainer<On, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
-    static_assert(std::is_same_v<T::algorithm, On>);
-    static_assert(std::is_same_v<T::rollout, Rollout<Paged>>);
+    static_assert(std::is_same_v<T::algorithm_type, On>);
+    static_assert(std::is_same_v<T::rollout_type, Rollout<Paged>>);
     static_assert(T::has_rollout);
     T::Options opts;
     opts.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
@@ -191,7 +218,7 @@ TEST_SUITE("core/composition") {
   TEST_CASE("offline form: three policies, no rollout, rollout_n must stay 1") {
     using T = Trainer<Off, Sharding<FSDP>, Loader<Packed>>;
     static_assert(!T::has_rollout);
-    static_assert(std::is_same_v<T::loader, Loader<Packed>>);
+    static_assert(std::is_same_v<T::loader_type, Loader<Packed>>);
     T trainer(T::Options{});
     CHECK(contains(trainer.describe(), "Algorithm<Offline> Sharding<FSDP> Loader<Packed>"));
     T::Options bad;
@@ -202,8 +229,8 @@ TEST_SUITE("core/composition") {
   TEST_CASE("a user algorithm's hooks run through the trainer's types") {
     using T = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Packed>>;
     TensorBatch b({{"scores", at::tensor(std::vector<float>{1.f, 2.f, 3.f})}});
-    T::algorithm::compute_advantages(b, TinyOptions{}.scale(2.0));
-    auto out = T::algorithm::loss(b, TinyOptions{}, LossScale{0, 3, 1});
+    T::algorithm_type::compute_advantages(b, TinyOptions{}.scale(2.0));
+    auto out = T::algorithm_type::loss(b, TinyOptions{}, LossScale{0, 3, 1});
     CHECK(out.loss.item<float>() == doctest::Approx((2.f + 4.f + 6.f) / 3.f));
   }
 
@@ -311,44 +338,13 @@ TEST_SUITE("core/composition") {
   }
 }
 
-TEST_SUITE("core/device") {
-  TEST_CASE("device_info reports versions and agrees with LibTorch") {
-    auto info = device_info();
-    CHECK(info.hybridrl_version == std::string(HYBRIDRL_VERSION_STRING));
-    CHECK(info.torch_version == std::string(TORCH_VERSION));
-    CHECK(info.cuda_device_count == static_cast<int>(torch::cuda::device_count()));
-    CHECK(static_cast<int>(info.devices.size()) <= info.cuda_device_count);
-    if (info.cuda_device_count == 0) {
-      CHECK_FALSE(info.fused_attention_available);
-      CHECK_FALSE(info.flash_attention_available);
-    }
-#if !defined(HYBRIDRL_WITH_NCCL)
-    CHECK_FALSE(info.nccl_available);
-#endif
-    CHECK(info.to_json()["torch_version"] == info.torch_version);
-    CHECK(contains(info.to_string(), "LibTorch " + info.torch_version));
-  }
+// ---- the named presets (trainer/presets.hpp) are the combinations their names say ----
+static_assert(std::is_same_v<PPOTrainer, Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>>);
+static_assert(std::is_same_v<GRPOTrainer::algorithm_type, Algorithm<GRPO>> && GRPOTrainer::has_rollout);
+static_assert(std::is_same_v<DPOTrainer::algorithm_type, Algorithm<DPO>> && !DPOTrainer::has_rollout);
+static_assert(std::is_same_v<KTOTrainer::loader_type, Loader<Packed>> && !KTOTrainer::has_rollout);
 
-  TEST_CASE("version matches CMake's project version") {
-    CHECK(std::string(version()) == HYBRIDRL_CMAKE_PROJECT_VERSION);
-  }
-
-  TEST_CASE("log_memory sees an allocation grow the resident set") {
-    std::ostringstream line;
-    auto before = log_memory("before", &line);
-    CHECK(contains(line.str(), "[memory] before |"));
-    // 256 MiB touched page by page must show up in RSS (CPU) or allocated bytes (CUDA).
-    const bool cuda = before.device != "cpu";
-    auto big = at::ones({64 * 1024 * 1024}, at::TensorOptions(at::kFloat).device(cuda ? at::kCUDA : at::kCPU));
-    auto after = log_memory("after", nullptr);
-    if (cuda) {
-      CHECK(after.allocated - before.allocated >= 256LL * 1024 * 1024);
-      CHECK(after.peak_allocated >= after.allocated);
-    } else {
-      CHECK(before.rss > 0);
-      CHECK(after.rss - before.rss >= 200LL * 1024 * 1024);
-      CHECK(after.peak_rss >= after.rss);
-    }
-    CHECK(big.sum().item<double>() == doctest::Approx(64.0 * 1024 * 1024));
-  }
+TEST_CASE("trainer/presets: a preset constructs and describes itself") {
+  GRPOTrainer t(GRPOTrainer::Options{});
+  CHECK(contains(t.describe(), "Algorithm<GRPO> Sharding<FSDP> Rollout<Paged> Loader<Bucketed>"));
 }
