@@ -28,7 +28,7 @@ int main() {
   // The two hooks the trainer calls: advantages once per batch, the loss per micro-batch.
   Algorithm<RLOO>::compute_advantages(batch, trainer.options().algorithm());
   auto out = Algorithm<RLOO>::loss(batch, trainer.options().algorithm(),
-                                   LossScale{mask.sum().item<int64_t>(), 6, 1});
+                                   LossCounts{mask.sum().item<int64_t>(), 6, 1});
   out.loss.backward();
 
   std::cout << "advantages (first token):";

@@ -33,7 +33,7 @@ struct hybridrl::Algorithm<RLOO> {
   }
 
   /// Clipped surrogate on "log_probs" vs "old_log_probs", normalised by the global counts.
-  static LossOutput loss(const TensorBatch& batch, const options_type& o, const LossScale& scale) {
+  static LossOutput loss(const TensorBatch& batch, const options_type& o, const LossCounts& scale) {
     auto r = ppo_policy_loss(batch.tensor("log_probs"), batch.tensor("old_log_probs"),
                              batch.tensor("advantages"), batch.tensor("response_mask"),
                              o.policy_loss(), scale);

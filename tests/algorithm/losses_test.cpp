@@ -56,12 +56,12 @@ TEST_SUITE("algorithm/aggregate") {
     auto loss = mat({{1, 2, 3}, {4, 5, 6}, {7, 8, 9}});
     auto mask = mat({{1, 1, 0}, {1, 0, 0}, {0, 0, 0}});
     // valid tokens 1, 2 | 4; row sums 3, 4; row token-means 1.5, 4; 2 non-empty rows, L = 3
-    CHECK(val(aggregate_loss(loss, mask, LossAgg::token_mean, LossScale{})) == doctest::Approx(7.0 / 3));
-    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_sum, LossScale{})) == doctest::Approx(3.5));
-    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_mean, LossScale{})) == doctest::Approx(2.75));
-    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_sum_norm, LossScale{})) ==
+    CHECK(val(aggregate_loss(loss, mask, LossAgg::token_mean, LossCounts{})) == doctest::Approx(7.0 / 3));
+    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_sum, LossCounts{})) == doctest::Approx(3.5));
+    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_mean, LossCounts{})) == doctest::Approx(2.75));
+    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_sum_norm, LossCounts{})) ==
           doctest::Approx(3.5 / 3));
-    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_sum_norm, LossScale{}, 10)) ==
+    CHECK(val(aggregate_loss(loss, mask, LossAgg::seq_mean_token_sum_norm, LossCounts{}, 10)) ==
           doctest::Approx(0.35));
     // global counts: 7 / 7 tokens, x dp 2 ; sequences 7 / 4
     CHECK(val(aggregate_loss(loss, mask, LossAgg::token_mean, 7, 4, 2)) == doctest::Approx(2.0));
@@ -79,10 +79,10 @@ TEST_SUITE("algorithm/aggregate") {
     CHECK(val(out) == 0.0);
     out.backward();
     CHECK(val(loss.grad().abs().sum()) == 0.0);
-    CHECK(val(aggregate_loss(loss, zero, LossAgg::seq_mean_token_mean, LossScale{})) == 0.0);
+    CHECK(val(aggregate_loss(loss, zero, LossAgg::seq_mean_token_mean, LossCounts{})) == 0.0);
     CHECK_THROWS_AS(aggregate_loss(loss, at::ones({2, 3}), LossAgg::token_mean, 1, 1), Error);
     CHECK_THROWS_AS(aggregate_loss(loss, zero, LossAgg::token_mean, -1, 1), Error);
-    CHECK_THROWS_WITH_AS(aggregate_loss(loss, zero, LossAgg::token_mean, LossScale{0, 0, 2}),
+    CHECK_THROWS_WITH_AS(aggregate_loss(loss, zero, LossAgg::token_mean, LossCounts{0, 0, 2}),
                          doctest::Contains("data_parallel_size"), Error);
     CHECK(loss_agg_from_string("seq-mean-token-sum-norm") == LossAgg::seq_mean_token_sum_norm);
     CHECK(loss_agg_from_string("token_mean") == LossAgg::token_mean);
@@ -136,7 +136,7 @@ TEST_SUITE("algorithm/ppo") {
                      LossAgg::seq_mean_token_sum_norm}) {
       auto opts = PolicyLossOptions{}.clip_low(0.1).clip_high(0.15).clip_c(1.3).loss_agg(agg);
       check_gradient(base, [&](const at::Tensor& lp) {
-        return ppo_policy_loss(lp, old_lp, adv, mask, opts, LossScale{11, 3, 1}).loss;
+        return ppo_policy_loss(lp, old_lp, adv, mask, opts, LossCounts{11, 3, 1}).loss;
       });
     }
   }
@@ -187,21 +187,21 @@ TEST_SUITE("algorithm/dpo") {
     auto cdpo = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b).label_smoothing(0.1));
     CHECK(val(cdpo.loss) == doctest::Approx((0.9 * softplus(-0.2) + 0.1 * softplus(0.2) +
                                              0.9 * softplus(0.05) + 0.1 * softplus(-0.05)) / 2));
-    auto ipo = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b).loss_type(DpoLoss::ipo));
+    auto ipo = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b).loss_type(DPOLoss::ipo));
     CHECK(val(ipo.loss) == doctest::Approx((9.0 + 30.25) / 2));  // (2-5)^2, (-0.5-5)^2
-    auto hinge = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b).loss_type(DpoLoss::hinge));
+    auto hinge = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b).loss_type(DPOLoss::hinge));
     CHECK(val(hinge.loss) == doctest::Approx((0.8 + 1.05) / 2));
     // global normalisation: 2 pairs of 8 on 2 ranks -> sum / 8 * 2
-    auto g = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b), LossScale{0, 8, 2});
+    auto g = dpo_loss(pc, pr, rc, rr, DPOOptions{}.beta(b), LossCounts{0, 8, 2});
     CHECK(val(g.loss) == doctest::Approx((softplus(-0.2) + softplus(0.05)) / 4));
   }
 
   TEST_CASE("dpo_loss gradients = finite differences for each loss type") {
     at::manual_seed(3);
     auto x = at::randn({4, 4}, at::kDouble);  // rows: policy chosen, policy rejected, ref c, ref r
-    for (auto type : {DpoLoss::sigmoid, DpoLoss::ipo, DpoLoss::hinge}) {
+    for (auto type : {DPOLoss::sigmoid, DPOLoss::ipo, DPOLoss::hinge}) {
       auto opts = DPOOptions{}.beta(0.3).loss_type(type)
-                      .label_smoothing(type == DpoLoss::sigmoid ? 0.2 : 0.0);
+                      .label_smoothing(type == DPOLoss::sigmoid ? 0.2 : 0.0);
       auto ref = x.slice(0, 2, 4);
       check_gradient(x.slice(0, 0, 2).clone(), [&](const at::Tensor& p) {
         return dpo_loss(p[0], p[1], ref[0], ref[1], opts).loss;
@@ -212,7 +212,7 @@ TEST_SUITE("algorithm/dpo") {
   TEST_CASE("validation: beta > 0, label smoothing in [0, 0.5] and only with sigmoid") {
     CHECK_THROWS_WITH_AS(DPOOptions{}.beta(-1).validate(), doctest::Contains("beta"), Error);
     CHECK_THROWS_AS(DPOOptions{}.label_smoothing(0.7).validate(), Error);
-    CHECK_THROWS_AS(DPOOptions{}.label_smoothing(0.1).loss_type(DpoLoss::ipo).validate(), Error);
+    CHECK_THROWS_AS(DPOOptions{}.label_smoothing(0.1).loss_type(DPOLoss::ipo).validate(), Error);
     CHECK_THROWS_AS(dpo_loss(at::ones({2}), at::ones({3}), at::ones({2}), at::ones({2})), Error);
   }
 }
@@ -249,7 +249,7 @@ TEST_SUITE("algorithm/kto") {
     auto desirable = bools({1, 1, 0, 1, 0});
     check_gradient(ref + at::randn({5}, at::kDouble), [&](const at::Tensor& p) {
       return kto_loss(p, ref, klp, klr, desirable, KTOOptions{}.beta(0.7).undesirable_weight(1.3),
-                      LossScale{0, 9, 1}).loss;
+                      LossCounts{0, 9, 1}).loss;
     });
   }
 

@@ -79,7 +79,7 @@ TensorBatch make_batch(const at::Tensor& w) {
   return b;
 }
 
-using Hook = std::function<LossOutput(const TensorBatch&, const LossScale&)>;
+using Hook = std::function<LossOutput(const TensorBatch&, const LossCounts&)>;
 
 struct Case {
   std::string name;
@@ -89,9 +89,9 @@ struct Case {
 
 /// Global counts of the whole batch: valid tokens, and sequences (non-empty ones for token-level
 /// losses, as verl counts them; every sample for the sequence-level DPO / KTO).
-LossScale global_scale(const Case& c, int64_t dp) {
+LossCounts global_scale(const Case& c, int64_t dp) {
   const auto& r = rollout();
-  return LossScale{r.tokens(), c.sequence_level ? B : r.nonempty_rows(), dp};
+  return LossCounts{r.tokens(), c.sequence_level ? B : r.nonempty_rows(), dp};
 }
 
 std::vector<Case> cases() {
@@ -101,21 +101,21 @@ std::vector<Case> cases() {
     auto o = PPOOptions{}.loss_agg(agg).entropy_coeff(0.01).use_kl_loss(true).kl_loss_coef(0.1)
                  .clip_low(0.1).clip_high(0.15);
     out.push_back({"PPO actor " + std::string(to_string(agg)),
-                   [o](const TensorBatch& b, const LossScale& s) { return Algorithm<PPO>::loss(b, o, s); }});
+                   [o](const TensorBatch& b, const LossCounts& s) { return Algorithm<PPO>::loss(b, o, s); }});
     auto v = PPOOptions{}.value_loss_agg(agg).cliprange_value(0.2);
     out.push_back({"PPO critic " + std::string(to_string(agg)),
-                   [v](const TensorBatch& b, const LossScale& s) { return Algorithm<PPO>::value_loss(b, v, s); }});
+                   [v](const TensorBatch& b, const LossCounts& s) { return Algorithm<PPO>::value_loss(b, v, s); }});
   }
-  out.push_back({"GRPO (Dr.GRPO)", [](const TensorBatch& b, const LossScale& s) {
+  out.push_back({"GRPO (Dr.GRPO)", [](const TensorBatch& b, const LossCounts& s) {
                    return Algorithm<GRPO>::loss(b, GRPOOptions{}.dr_grpo(true), s);
                  }});
-  out.push_back({"DPO", [](const TensorBatch& b, const LossScale& s) {
+  out.push_back({"DPO", [](const TensorBatch& b, const LossCounts& s) {
                    return Algorithm<DPO>::loss(b, DPOOptions{}.beta(0.5).label_smoothing(0.1), s);
                  }, true});
-  out.push_back({"KTO", [](const TensorBatch& b, const LossScale& s) {
+  out.push_back({"KTO", [](const TensorBatch& b, const LossCounts& s) {
                    return Algorithm<KTO>::loss(b, KTOOptions{}.beta(0.5).undesirable_weight(1.2), s);
                  }, true});
-  out.push_back({"RLOO (example)", [](const TensorBatch& b, const LossScale& s) {
+  out.push_back({"RLOO (example)", [](const TensorBatch& b, const LossCounts& s) {
                    return Algorithm<RLOO>::loss(b, RLOOOptions{}, s);
                  }});
   return out;
@@ -123,10 +123,10 @@ std::vector<Case> cases() {
 
 at::Tensor w0() { return at::tensor(std::vector<double>{0.3, -0.2, 0.1}, at::kDouble); }
 
-/// Loss and dL/dw of the whole batch in one piece (empty LossScale: local counts).
+/// Loss and dL/dw of the whole batch in one piece (empty LossCounts: local counts).
 std::pair<double, at::Tensor> reference(const Hook& hook) {
   auto w = w0().set_requires_grad(true);
-  auto loss = hook(make_batch(w), LossScale{}).loss;
+  auto loss = hook(make_batch(w), LossCounts{}).loss;
   loss.backward();
   return {val(loss), w.grad().clone()};
 }
@@ -194,7 +194,7 @@ TEST_SUITE("algorithm/invariance") {
         };
         auto out = kto_loss(at::zeros({2}, at::kDouble), at::zeros({2}, at::kDouble), klp,
                             at::zeros({2}, at::kDouble), bools({1, 0}), KTOOptions{}.beta(1.0),
-                            LossScale{0, 4, 2}, mean);
+                            LossCounts{0, 4, 2}, mean);
         z0[static_cast<size_t>(rank)] = val(out.z0);
         loss[static_cast<size_t>(rank)] = val(out.loss);
       });
@@ -242,14 +242,14 @@ TEST_SUITE("algorithm/policies") {
                    {"entropy", at::tensor(std::vector<double>{0.5, 1.5}).reshape({1, 2})},
                    {"ref_log_probs", at::tensor(std::vector<double>{-1, -1.5}).reshape({1, 2})}});
     auto o = PPOOptions{}.entropy_coeff(0.01).use_kl_loss(true).kl_loss_coef(0.1);
-    auto out = Algorithm<PPO>::loss(b, o, LossScale{});
+    auto out = Algorithm<PPO>::loss(b, o, LossCounts{});
     // ratio 1: pg = -(1 + 3) / 2 = -2; H = 1; k3 with d = {0, 0.5}: {0, e^-0.5 - 0.5}
     const double kl = (std::exp(-0.5) - 0.5) / 2;
     CHECK(val(out.loss) == doctest::Approx(-2.0 - 0.01 * 1.0 + 0.1 * kl));
     CHECK(val(out.metrics.at("actor/kl_loss")) == doctest::Approx(kl));
     CHECK(val(out.metrics.at("actor/entropy")) == doctest::Approx(1.0));
     b.erase("entropy");
-    CHECK_THROWS_WITH_AS(Algorithm<PPO>::loss(b, o, LossScale{}), doctest::Contains("entropy"), Error);
+    CHECK_THROWS_WITH_AS(Algorithm<PPO>::loss(b, o, LossCounts{}), doctest::Contains("entropy"), Error);
   }
 
   TEST_CASE("GRPO hook: scores or summed token rewards; Dr.GRPO switch") {
@@ -271,10 +271,10 @@ TEST_SUITE("algorithm/policies") {
     TensorBatch one({{"log_probs_sum", at::zeros({1})}, {"ref_log_probs_sum", at::zeros({1})},
                      {"kl_log_probs_sum", at::zeros({1})}, {"kl_ref_log_probs_sum", at::zeros({1})},
                      {"desirable", bools({1})}});
-    CHECK_THROWS_WITH_AS(Algorithm<KTO>::loss(one, KTOOptions{}, LossScale{}),
+    CHECK_THROWS_WITH_AS(Algorithm<KTO>::loss(one, KTOOptions{}, LossCounts{}),
                          doctest::Contains("at least 2"), Error);
     auto b = make_batch(w0());
-    auto out = Algorithm<DPO>::loss(b, DPOOptions{}, LossScale{});
+    auto out = Algorithm<DPO>::loss(b, DPOOptions{}, LossCounts{});
     CHECK(out.metrics.count("rewards/accuracies") == 1);
     CHECK_NOTHROW(PPOOptions{}.validate());
     CHECK_NOTHROW(GRPOOptions{}.validate());
