@@ -2,6 +2,7 @@
 // by a plain scalar loop over std::vector<double> that follows the paper / verl formula.
 
 #include <hybridrl/algorithm/advantages.hpp>
+#include <hybridrl/algorithm/grpo.hpp>
 #include <hybridrl/algorithm/kl.hpp>
 
 #include <cmath>
@@ -165,6 +166,23 @@ TEST_SUITE("algorithm/advantages") {
     CHECK(at2(adv, 4, 0) == doctest::Approx(0.5 / (std::sqrt(0.5) + 1e-6)));
   }
 
+  TEST_CASE("GRPO: epsilon pinned exactly (std + eps, not sqrt(var + eps)); an all-equal group gives 0") {
+    // group {0, 1}: mean 0.5, unbiased std sqrt(0.5); with eps = 0.5 the three candidate formulas
+    // differ by 20 %: 0.5 / (sqrt(0.5) + 0.5) = 0.41421..., 0.5 / sqrt(0.5 + 0.5) = 0.5, 0.5 / sqrt(0.5) = 0.7071
+    auto ids = at::tensor(std::vector<int64_t>{0, 0, 1, 1, 1});
+    auto scores = to_tensor(std::vector<double>{0.0, 1.0, 1.0, 1.0, 1.0});  // group 1: three samples, all correct
+    auto adv = compute_grpo_advantages(scores, ids, at::ones({5, 1}, at::kDouble), 0.5);
+    CHECK(at2(adv, 1, 0) == doctest::Approx(0.5 / (std::sqrt(0.5) + 0.5)).epsilon(1e-12));
+    CHECK(at2(adv, 0, 0) == doctest::Approx(-0.5 / (std::sqrt(0.5) + 0.5)).epsilon(1e-12));
+    // std 0: (1 - 1) / (0 + eps) = 0 exactly, for the default eps and through the policy hook
+    auto adv_default = compute_grpo_advantages(scores, ids, at::ones({5, 1}, at::kDouble));
+    for (int64_t i = 2; i < 5; ++i) CHECK(at2(adv_default, i, 0) == 0.0);
+    CHECK(at2(adv_default, 1, 0) == doctest::Approx(0.5 / (std::sqrt(0.5) + 1e-6)).epsilon(1e-12));
+    // eps = 0 would give 0 / 0 = NaN for that group: the options refuse it (unless Dr.GRPO)
+    CHECK_THROWS_WITH_AS(GRPOOptions{}.epsilon(0).validate(), doctest::Contains("epsilon = 0"), Error);
+    CHECK_NOTHROW(GRPOOptions{}.dr_grpo(true).epsilon(0).validate());
+  }
+
   TEST_CASE("GRPO rejects NaN scores and non-int64 group ids") {
     auto m = at::ones({2, 2});
     auto s = at::tensor({1.0f, std::nanf("")});
@@ -224,9 +242,10 @@ TEST_SUITE("algorithm/kl") {
     CHECK(k3[2].item<double>() == doctest::Approx(10.0));
     // d = -30: -d clamped to 20 -> e^20 - 21, clamped to 10
     CHECK(k3[3].item<double>() == doctest::Approx(10.0));
-    CHECK(kl_estimator_from_string("low_var_kl") == KLEstimator::k3);
-    CHECK(kl_estimator_from_string("k3+") == KLEstimator::k3_plus);
-    CHECK_THROWS_AS((void)kl_estimator_from_string("k4"), Error);
+    CHECK(enum_from_name<KLEstimator>("k3") == KLEstimator::k3);
+    CHECK(enum_name(KLEstimator::k3_plus) == "k3_plus");
+    CHECK(enum_from_name<KLControl>("adaptive") == KLControl::adaptive);
+    CHECK(!enum_from_name<KLEstimator>("k4").has_value());
   }
 
   TEST_CASE("straight-through k1+ / k3+: forward value of k1 / k3, gradient of k2 (= d)") {
