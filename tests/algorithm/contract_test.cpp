@@ -128,11 +128,10 @@ TEST_SUITE("algorithm/contract") {
       auto only = full.select(names(c.reads));
       CHECK_NOTHROW(c.run(only));
       if (!c.writes.empty()) {  // it wrote exactly what it declared
+        const auto read = names(c.reads);
         std::set<std::string> added;
         for (const auto& k : only.tensor_keys()) {
-          if (std::find(names(c.reads).begin(), names(c.reads).end(), k) == names(c.reads).end()) {
-            added.insert(k);
-          }
+          if (std::find(read.begin(), read.end(), k) == read.end()) added.insert(k);
         }
         auto w = names(c.writes);
         CHECK(added == std::set<std::string>(w.begin(), w.end()));
@@ -144,7 +143,8 @@ TEST_SUITE("algorithm/contract") {
           if (!(k == missing)) rest.push_back(k);
         }
         auto partial = full.select(names(rest));
-        CHECK_THROWS_WITH_AS(c.run(partial), doctest::Contains(std::string(missing.name)), Error);
+        const std::string missing_name(missing.name);
+        CHECK_THROWS_WITH_AS(c.run(partial), doctest::Contains(missing_name.c_str()), Error);
       }
     }
   }
@@ -345,7 +345,7 @@ TEST_SUITE("algorithm/policies") {
     g.actor().kl_loss_coef(std::nan(""));
     CHECK_THROWS_WITH_AS(g.validate(), doctest::Contains("actor.kl_loss_coef = nan"), Error);
     CHECK_THROWS_WITH_AS(KTOOptions{}.undesirable_weight(-1).validate(),
-                         doctest::StartsWith("undesirable_weight = -1"), Error);
+                         doctest::Contains("undesirable_weight = -1 must"), Error);
   }
 
   TEST_CASE("every algorithm Options struct has a field visitor") {
@@ -354,7 +354,8 @@ TEST_SUITE("algorithm/policies") {
     static_assert(reflectable_options<DPOOptions> && reflectable_options<KTOOptions>);
     static_assert(reflectable_options<RLOOOptions>);
     std::vector<std::string> fields;
-    PPOOptions::visit_fields(PPOOptions{}, [&](std::string_view n, const auto&) { fields.emplace_back(n); });
+    const PPOOptions ppo;
+    PPOOptions::visit_fields(ppo, [&](std::string_view n, const auto&) { fields.emplace_back(n); });
     CHECK(fields == std::vector<std::string>{"actor", "gamma", "lam", "use_kl_in_reward", "kl_penalty",
                                              "kl_ctrl", "cliprange_value", "value_loss_agg"});
     CHECK(enum_from_name<DPOLoss>("ipo") == DPOLoss::ipo);
