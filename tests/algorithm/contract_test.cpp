@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -154,6 +156,50 @@ TEST_SUITE("algorithm/contract") {
       CAPTURE(c.name);
       for (const auto& k : c.reads) CHECK(keys::find(k.name) != nullptr);
       for (const auto& k : c.writes) CHECK(keys::find(k.name) != nullptr);
+    }
+  }
+
+  TEST_CASE("docs/algorithms.md's key table is the hooks' declarations") {
+    std::ifstream in(std::string(HYBRIDRL_FIXTURES_DIR) + "/../../docs/algorithms.md");
+    REQUIRE(in.good());
+    std::stringstream doc;
+    doc << in.rdbuf();
+    auto list = [](const std::vector<Key>& ks) {
+      if (ks.empty()) return std::string("—");
+      std::string out;
+      for (const auto& k : ks) out += (out.empty() ? "`" : ", `") + std::string(k.name) + "`";
+      return out;
+    };
+    auto row = [&](const char* alg, const char* hook, const char* opts, const std::vector<Key>& reads,
+                   const std::vector<Key>& writes) {
+      return fmt::format("| {} | {} | {} | {} | {} |", alg, hook, opts, list(reads), list(writes));
+    };
+    using P = Algorithm<PPO>;
+    using G = Algorithm<GRPO>;
+    auto kl_reward = PPOOptions{}.use_kl_in_reward(true);
+    auto ppo_full = PPOOptions{};
+    ppo_full.actor().entropy_coeff(0.01).use_kl_loss(true);
+    auto grpo_no_kl = GRPOOptions{};
+    grpo_no_kl.actor().use_kl_loss(false);
+    const PPOOptions ppo;
+    const GRPOOptions grpo;
+    const std::vector<std::string> rows = {
+        row("PPO", "compute_advantages", "defaults", P::advantage_reads(ppo), P::advantage_writes(ppo)),
+        row("PPO", "compute_advantages", "use_kl_in_reward", P::advantage_reads(kl_reward),
+            P::advantage_writes(kl_reward)),
+        row("PPO", "loss", "defaults", P::loss_reads(ppo), {}),
+        row("PPO", "loss", "entropy_coeff ≠ 0, use_kl_loss", P::loss_reads(ppo_full), {}),
+        row("PPO", "value_loss", "defaults", P::value_loss_reads(ppo), {}),
+        row("GRPO", "compute_advantages", "defaults", G::advantage_reads(grpo), G::advantage_writes(grpo)),
+        row("GRPO", "loss", "defaults", G::loss_reads(grpo), {}),
+        row("GRPO", "loss", "use_kl_loss = false", G::loss_reads(grpo_no_kl), {}),
+        row("DPO", "loss", "defaults", Algorithm<DPO>::loss_reads(DPOOptions{}), {}),
+        row("KTO", "prepare_mini_batch", "defaults", Algorithm<KTO>::prepare_reads(KTOOptions{}), {}),
+        row("KTO", "loss", "defaults", Algorithm<KTO>::loss_reads(KTOOptions{}), {}),
+    };
+    for (const auto& r : rows) {
+      CAPTURE(r);
+      CHECK(doc.str().find(r) != std::string::npos);
     }
   }
 
