@@ -1,43 +1,44 @@
 #pragma once
-// A user's own algorithm, written outside the library: RLOO (Ahmadian et al. 2024) — the
-// REINFORCE leave-one-out baseline with PPO's clipped update. A tag, an Options struct and one
-// specialization of hybridrl::Algorithm with its hooks; the library's free functions do the math.
+// A user's own algorithm, written outside the library: RLOO (Ahmadian et al. 2024), the REINFORCE
+// leave-one-out baseline with PPO's clipped update. A tag, an Options struct and one specialization
+// deriving from algorithm_base (which supplies every optional hook); library functions do the math.
 #include <hybridrl/hybridrl.hpp>
 
 #include <string_view>
+#include <vector>
 
 /// The tag that names the algorithm in a trainer type: Algorithm<RLOO>.
 struct RLOO {};
 
-/// RLOO's run-time numbers: the clipped-loss settings (clip ranges, aggregation).
+/// RLOO's run-time numbers: the shared actor-loss settings (clip ranges, aggregation, ...).
 struct RLOOOptions {
-  HYBRIDRL_ARG(hybridrl::PolicyLossOptions, policy_loss) = {};
-  /// Throws hybridrl::Error for impossible clip settings.
-  void validate() const { policy_loss_.validate(); }
+  HYBRIDRL_ARG(hybridrl::ActorLossOptions, actor) = {};
+  HYBRIDRL_FIELDS(actor)
+  void validate() const { hybridrl::detail::validate_member(actor_, "actor"); }
 };
 
 /// RLOO: online (samples n completions per prompt), no critic, no reference model.
 template <>
-struct hybridrl::Algorithm<RLOO> {
-  using tag = RLOO;
-  using options_type = RLOOOptions;
+struct hybridrl::Algorithm<RLOO> : algorithm_base<RLOO, RLOOOptions, DataKind::prompts> {
   static constexpr std::string_view name = "RLOO";
-  static constexpr DataKind data_kind = DataKind::prompts;
-  static constexpr bool needs_critic = false;
-  static constexpr bool needs_reference = false;
 
-  /// Reads "scores" [B], "group_ids" [B], "response_mask" [B,T]; writes "advantages" [B,T].
-  static void compute_advantages(TensorBatch& batch, const options_type&) {
-    batch.set("advantages", compute_rloo_advantages(batch.tensor("scores"), batch.tensor("group_ids"),
-                                                    batch.tensor("response_mask")));
+  /// The keys each hook reads / writes, checked by the trainer at each phase boundary.
+  static std::vector<Key> advantage_reads(const options_type&) {
+    return {keys::scores, keys::group_ids, keys::response_mask};
+  }
+  static std::vector<Key> advantage_writes(const options_type&) { return {keys::advantages}; }
+  static std::vector<Key> loss_reads(const options_type& o) { return actor_loss_reads(o.actor()); }
+
+  /// Leave-one-out baseline within each prompt's group of samples.
+  static void compute_advantages(TensorBatch& b, const options_type&, state_type&) {
+    b.set(keys::advantages, compute_rloo_advantages(b.tensor(keys::scores), b.tensor(keys::group_ids),
+                                                    b.tensor(keys::response_mask)));
   }
 
-  /// Clipped surrogate on "log_probs" vs "old_log_probs", normalised by the global counts.
-  static LossOutput loss(const TensorBatch& batch, const options_type& o, const LossScale& scale) {
-    auto r = ppo_policy_loss(batch.tensor("log_probs"), batch.tensor("old_log_probs"),
-                             batch.tensor("advantages"), batch.tensor("response_mask"),
-                             o.policy_loss(), scale);
-    return {r.loss, {{"actor/pg_clipfrac", r.clip_fraction}, {"actor/ppo_kl", r.approx_kl}}};
+  /// The shared actor loss (clipped surrogate; entropy and KL terms if enabled), with metrics.
+  static LossOutput loss(const TensorBatch& b, const options_type& o, const state_type&,
+                         const LossCounts& counts) {
+    return actor_loss(b, o.actor(), counts);
   }
 };
 static_assert(hybridrl::algorithm_policy<hybridrl::Algorithm<RLOO>>);

@@ -2,6 +2,7 @@
 // by a plain scalar loop over std::vector<double> that follows the paper / verl formula.
 
 #include <hybridrl/algorithm/advantages.hpp>
+#include <hybridrl/algorithm/grpo.hpp>
 #include <hybridrl/algorithm/kl.hpp>
 
 #include <cmath>
@@ -165,6 +166,23 @@ TEST_SUITE("algorithm/advantages") {
     CHECK(at2(adv, 4, 0) == doctest::Approx(0.5 / (std::sqrt(0.5) + 1e-6)));
   }
 
+  TEST_CASE("GRPO: epsilon pinned exactly (std + eps, not sqrt(var + eps)); an all-equal group gives 0") {
+    // group {0, 1}: mean 0.5, unbiased std sqrt(0.5); with eps = 0.5 the three candidate formulas
+    // differ by 20 %: 0.5 / (sqrt(0.5) + 0.5) = 0.41421..., 0.5 / sqrt(0.5 + 0.5) = 0.5, 0.5 / sqrt(0.5) = 0.7071
+    auto ids = at::tensor(std::vector<int64_t>{0, 0, 1, 1, 1});
+    auto scores = to_tensor(std::vector<double>{0.0, 1.0, 1.0, 1.0, 1.0});  // group 1: three samples, all correct
+    auto adv = compute_grpo_advantages(scores, ids, at::ones({5, 1}, at::kDouble), 0.5);
+    CHECK(at2(adv, 1, 0) == doctest::Approx(0.5 / (std::sqrt(0.5) + 0.5)).epsilon(1e-12));
+    CHECK(at2(adv, 0, 0) == doctest::Approx(-0.5 / (std::sqrt(0.5) + 0.5)).epsilon(1e-12));
+    // std 0: (1 - 1) / (0 + eps) = 0 exactly, for the default eps and through the policy hook
+    auto adv_default = compute_grpo_advantages(scores, ids, at::ones({5, 1}, at::kDouble));
+    for (int64_t i = 2; i < 5; ++i) CHECK(at2(adv_default, i, 0) == 0.0);
+    CHECK(at2(adv_default, 1, 0) == doctest::Approx(0.5 / (std::sqrt(0.5) + 1e-6)).epsilon(1e-12));
+    // eps = 0 would give 0 / 0 = NaN for that group: the options refuse it (unless Dr.GRPO)
+    CHECK_THROWS_WITH_AS(GRPOOptions{}.epsilon(0).validate(), doctest::Contains("epsilon = 0"), Error);
+    CHECK_NOTHROW(GRPOOptions{}.dr_grpo(true).epsilon(0).validate());
+  }
+
   TEST_CASE("GRPO rejects NaN scores and non-int64 group ids") {
     auto m = at::ones({2, 2});
     auto s = at::tensor({1.0f, std::nanf("")});
@@ -211,10 +229,10 @@ TEST_SUITE("algorithm/kl") {
     auto lp = to_tensor(std::vector<double>{-1.0, -2.0, 0.0, -30.0});
     auto ref = to_tensor(std::vector<double>{-1.5, -1.0, -25.0, 0.0});
     // d = lp - ref = {0.5, -1, 25, -30}
-    auto k1 = kl_penalty(lp, ref, KlEstimator::k1);
-    auto k2 = kl_penalty(lp, ref, KlEstimator::k2);
-    auto ab = kl_penalty(lp, ref, KlEstimator::abs);
-    auto k3 = kl_penalty(lp, ref, KlEstimator::k3);
+    auto k1 = kl_penalty(lp, ref, KLEstimator::k1);
+    auto k2 = kl_penalty(lp, ref, KLEstimator::k2);
+    auto ab = kl_penalty(lp, ref, KLEstimator::abs);
+    auto k3 = kl_penalty(lp, ref, KLEstimator::k3);
     CHECK(k1[1].item<double>() == doctest::Approx(-1.0));
     CHECK(k2[1].item<double>() == doctest::Approx(0.5));
     CHECK(ab[1].item<double>() == doctest::Approx(1.0));
@@ -224,14 +242,15 @@ TEST_SUITE("algorithm/kl") {
     CHECK(k3[2].item<double>() == doctest::Approx(10.0));
     // d = -30: -d clamped to 20 -> e^20 - 21, clamped to 10
     CHECK(k3[3].item<double>() == doctest::Approx(10.0));
-    CHECK(kl_estimator_from_string("low_var_kl") == KlEstimator::k3);
-    CHECK(kl_estimator_from_string("k3+") == KlEstimator::k3_plus);
-    CHECK_THROWS_AS((void)kl_estimator_from_string("k4"), Error);
+    CHECK(enum_from_name<KLEstimator>("k3") == KLEstimator::k3);
+    CHECK(enum_name(KLEstimator::k3_plus) == "k3_plus");
+    CHECK(enum_from_name<KLControl>("adaptive") == KLControl::adaptive);
+    CHECK(!enum_from_name<KLEstimator>("k4").has_value());
   }
 
   TEST_CASE("straight-through k1+ / k3+: forward value of k1 / k3, gradient of k2 (= d)") {
-    for (auto [est, base] : {std::pair{KlEstimator::k1_plus, KlEstimator::k1},
-                             std::pair{KlEstimator::k3_plus, KlEstimator::k3}}) {
+    for (auto [est, base] : {std::pair{KLEstimator::k1_plus, KLEstimator::k1},
+                             std::pair{KLEstimator::k3_plus, KLEstimator::k3}}) {
       auto lp = to_tensor(std::vector<double>{-1.0, -0.2}).requires_grad_();
       auto ref = to_tensor(std::vector<double>{-1.5, -0.7});
       auto kl = kl_penalty(lp, ref, est);
@@ -246,7 +265,7 @@ TEST_SUITE("algorithm/kl") {
   TEST_CASE("k3 gradient: d/dlp (e^-d - 1 + d) = 1 - e^-d") {
     auto lp = to_tensor(std::vector<double>{0.3}).requires_grad_();
     auto ref = to_tensor(std::vector<double>{0.0});
-    kl_penalty(lp, ref, KlEstimator::k3).sum().backward();
+    kl_penalty(lp, ref, KLEstimator::k3).sum().backward();
     CHECK(lp.grad()[0].item<double>() == doctest::Approx(1 - std::exp(-0.3)));
   }
 
@@ -255,7 +274,7 @@ TEST_SUITE("algorithm/kl") {
     auto old_lp = to_tensor(Mat{{-1, -1, -1}, {-2, -2, -2}});
     auto ref_lp = to_tensor(Mat{{-1.5, -0.5, -1}, {-1, -2, -9}});
     auto mask = to_tensor(Mat{{1, 1, 1}, {1, 1, 0}});
-    auto r = apply_kl_penalty(scores, old_lp, ref_lp, mask, 0.1, KlEstimator::k1);
+    auto r = apply_kl_penalty(scores, old_lp, ref_lp, mask, 0.1, KLEstimator::k1);
     // kl row0 = {0.5, -0.5, 0}, row1 = {-1, 0, (masked) 0}
     CHECK(at2(r.token_level_rewards, 0, 0) == doctest::Approx(-0.05));
     CHECK(at2(r.token_level_rewards, 0, 1) == doctest::Approx(0.05));
@@ -266,17 +285,17 @@ TEST_SUITE("algorithm/kl") {
   }
 
   TEST_CASE("KL controllers: fixed stays, adaptive follows verl's clipped proportional rule") {
-    KlController fixed(KlControlOptions{}.kl_coef(0.05));
+    KLController fixed(KLControlOptions{}.kl_coef(0.05));
     fixed.update(10.0, 1000);
     CHECK(fixed.value() == doctest::Approx(0.05));
-    KlController adaptive(
-        KlControlOptions{}.type(KlControl::adaptive).kl_coef(0.1).target_kl(0.2).horizon(1000));
+    KLController adaptive(
+        KLControlOptions{}.type(KLControl::adaptive).kl_coef(0.1).target_kl(0.2).horizon(1000));
     adaptive.update(0.3, 100);  // error = clip(0.5, ±0.2) = 0.2 -> x(1 + 0.2*100/1000) = 1.02
     CHECK(adaptive.value() == doctest::Approx(0.102));
     adaptive.update(0.19, 100);  // error = -0.05 -> x(1 - 0.005)
     CHECK(adaptive.value() == doctest::Approx(0.102 * 0.995));
-    CHECK_THROWS_WITH_AS(KlController(KlControlOptions{}.kl_coef(-1)),
-                         doctest::Contains("kl_ctrl.kl_coef"), Error);
-    CHECK_THROWS_AS(KlController(KlControlOptions{}.type(KlControl::adaptive).horizon(0)), Error);
+    CHECK_THROWS_WITH_AS(KLController(KLControlOptions{}.kl_coef(-1)),
+                         doctest::Contains("kl_coef = -1 is negative"), Error);
+    CHECK_THROWS_AS(KLController(KLControlOptions{}.type(KLControl::adaptive).horizon(0)), Error);
   }
 }

@@ -1,15 +1,18 @@
 // The Algorithm policies: their hooks on hand-made batches, their options, their place in a
 // trainer type, and the aggregation invariance — one batch split into 1, 2 or 4 micro-batches, or
-// over 2 Gloo ranks, gives the same loss and the same parameter gradients.
+// over 2 Gloo ranks, gives the same loss, the same parameter gradients and the same aggregated
+// metrics.
 
 #include <hybridrl/algorithm/algorithm.hpp>
 #include <hybridrl/trainer/trainer.hpp>
 
 #include "../../examples/custom_algorithm/rloo.hpp"  // the user-written RLOO policy of the example
-#include "../support/gloo.hpp"
+#include "group_communicator.hpp"
 
 #include <cmath>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
@@ -56,255 +59,231 @@ TensorBatch make_batch(const at::Tensor& w) {
   const auto& r = rollout();
   auto lp = r.old_lp + at::matmul(r.x, w);  // log_probs move with w
   auto seq = [&](const at::Tensor& feats) { return at::matmul(feats, w).sum(-1) - 3.0; };
-  TensorBatch b({{"response_mask", r.mask},
-                 {"log_probs", lp},
-                 {"old_log_probs", r.old_lp},
-                 {"ref_log_probs", r.ref_lp},
-                 {"advantages", r.adv},
-                 {"entropy", 1.0 + at::matmul(r.entropy_x, w)},
-                 {"values", r.old_values + at::matmul(r.x2, w)},
-                 {"old_values", r.old_values},
-                 {"returns", r.returns},
-                 {"chosen_log_probs", seq(r.x)},
-                 {"rejected_log_probs", seq(r.x2)},
-                 {"ref_chosen_log_probs", seq(r.x).detach() + 0.3},
-                 {"ref_rejected_log_probs", seq(r.x2).detach() - 0.1},
-                 {"log_probs_sum", seq(r.x)},
-                 {"ref_log_probs_sum", seq(r.x2).detach()},
-                 {"kl_log_probs_sum", seq(r.entropy_x)},
-                 {"kl_ref_log_probs_sum", seq(r.x2).detach() - 0.2},
-                 {"desirable", bools({1, 0, 1, 1, 0, 0, 1, 0})}});
-  // KTO's reference point over the whole mini-batch, as the trainer sets it before the update.
-  b.set_meta("kto_z0", val(kto_kl_estimate(b.tensor("kl_log_probs_sum"), b.tensor("kl_ref_log_probs_sum"))));
-  return b;
+  return TensorBatch({{keys::response_mask, r.mask},
+                      {keys::log_probs, lp},
+                      {keys::old_log_probs, r.old_lp},
+                      {keys::ref_log_probs, r.ref_lp},
+                      {keys::advantages, r.adv},
+                      {keys::entropy, 1.0 + at::matmul(r.entropy_x, w)},
+                      {keys::values, r.old_values + at::matmul(r.x2, w)},
+                      {keys::old_values, r.old_values},
+                      {keys::returns, r.returns},
+                      {keys::chosen_log_probs_sum, seq(r.x)},
+                      {keys::rejected_log_probs_sum, seq(r.x2)},
+                      {keys::ref_chosen_log_probs_sum, seq(r.x).detach() + 0.3},
+                      {keys::ref_rejected_log_probs_sum, seq(r.x2).detach() - 0.1},
+                      {keys::log_probs_sum, seq(r.x)},
+                      {keys::ref_log_probs_sum, seq(r.x2).detach()},
+                      {keys::kl_log_probs_sum, seq(r.entropy_x).detach()},
+                      {keys::ref_kl_log_probs_sum, seq(r.x2).detach() - 0.2},
+                      {keys::desirable, bools({1, 0, 1, 1, 0, 0, 1, 0})}});
 }
 
-using Hook = std::function<LossOutput(const TensorBatch&, const LossScale&)>;
-
+/// One hook of one algorithm with fixed options, as the trainer drives it: a state per run (per
+/// rank), `prepare` once per mini-batch (on this rank's part, reduced over `comm`), then `loss`
+/// per micro-batch.
 struct Case {
   std::string name;
-  Hook hook;
+  std::function<std::shared_ptr<void>()> new_state;
+  std::function<void(void*, TensorBatch&, Communicator*)> prepare;
+  std::function<LossOutput(void*, const TensorBatch&, const LossCounts&)> loss;
   bool sequence_level = false;  ///< DPO / KTO: every sample counts, masks play no part
 };
 
+/// A Case for hook `which` (0 = loss, 1 = value_loss) of algorithm A.
+template <class A>
+Case make_case(std::string name, typename A::options_type o, int which = 0, bool seq = false) {
+  using S = typename A::state_type;
+  Case c;
+  c.name = std::move(name);
+  c.sequence_level = seq;
+  c.new_state = [o] { return std::shared_ptr<void>(std::make_shared<S>(A::make_state(o))); };
+  c.prepare = [o](void* s, TensorBatch& b, Communicator* comm) {
+    A::prepare_mini_batch(b, o, *static_cast<S*>(s), comm);
+  };
+  c.loss = [o, which](void* s, const TensorBatch& b, const LossCounts& n) {
+    if constexpr (A::needs_critic) {
+      if (which == 1) return A::value_loss(b, o, *static_cast<const S*>(s), n);
+    }
+    return A::loss(b, o, *static_cast<const S*>(s), n);
+  };
+  return c;
+}
+
 /// Global counts of the whole batch: valid tokens, and sequences (non-empty ones for token-level
 /// losses, as verl counts them; every sample for the sequence-level DPO / KTO).
-LossScale global_scale(const Case& c, int64_t dp) {
+LossCounts global_counts(const Case& c, int64_t dp) {
   const auto& r = rollout();
-  return LossScale{r.tokens(), c.sequence_level ? B : r.nonempty_rows(), dp};
+  return LossCounts{r.tokens(), c.sequence_level ? B : r.nonempty_rows(), dp};
 }
 
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (auto agg : {LossAgg::token_mean, LossAgg::seq_mean_token_sum, LossAgg::seq_mean_token_mean,
                    LossAgg::seq_mean_token_sum_norm}) {
-    auto o = PPOOptions{}.loss_agg(agg).entropy_coeff(0.01).use_kl_loss(true).kl_loss_coef(0.1)
-                 .clip_low(0.1).clip_high(0.15);
-    out.push_back({"PPO actor " + std::string(to_string(agg)),
-                   [o](const TensorBatch& b, const LossScale& s) { return Algorithm<PPO>::loss(b, o, s); }});
+    auto o = PPOOptions{};
+    o.actor().loss_agg(agg).entropy_coeff(0.01).use_kl_loss(true).kl_loss_coef(0.1).clip_low(0.1)
+        .clip_high(0.15);
+    out.push_back(make_case<Algorithm<PPO>>("PPO actor " + std::string(enum_name(agg)), o));
     auto v = PPOOptions{}.value_loss_agg(agg).cliprange_value(0.2);
-    out.push_back({"PPO critic " + std::string(to_string(agg)),
-                   [v](const TensorBatch& b, const LossScale& s) { return Algorithm<PPO>::value_loss(b, v, s); }});
+    out.push_back(make_case<Algorithm<PPO>>("PPO critic " + std::string(enum_name(agg)), v, 1));
   }
-  out.push_back({"GRPO (Dr.GRPO)", [](const TensorBatch& b, const LossScale& s) {
-                   return Algorithm<GRPO>::loss(b, GRPOOptions{}.dr_grpo(true), s);
-                 }});
-  out.push_back({"DPO", [](const TensorBatch& b, const LossScale& s) {
-                   return Algorithm<DPO>::loss(b, DPOOptions{}.beta(0.5).label_smoothing(0.1), s);
-                 }, true});
-  out.push_back({"KTO", [](const TensorBatch& b, const LossScale& s) {
-                   return Algorithm<KTO>::loss(b, KTOOptions{}.beta(0.5).undesirable_weight(1.2), s);
-                 }, true});
-  out.push_back({"RLOO (example)", [](const TensorBatch& b, const LossScale& s) {
-                   return Algorithm<RLOO>::loss(b, RLOOOptions{}, s);
-                 }});
+  out.push_back(make_case<Algorithm<GRPO>>("GRPO (Dr.GRPO)", GRPOOptions{}.dr_grpo(true)));
+  out.push_back(make_case<Algorithm<GRPO>>("GRPO", GRPOOptions{}));
+  out.push_back(make_case<Algorithm<DPO>>("DPO", DPOOptions{}.beta(0.5).label_smoothing(0.1), 0, true));
+  out.push_back(make_case<Algorithm<KTO>>("KTO", KTOOptions{}.beta(0.5).undesirable_weight(1.2), 0, true));
+  out.push_back(make_case<Algorithm<RLOO>>("RLOO (example)", RLOOOptions{}));
   return out;
 }
 
 at::Tensor w0() { return at::tensor(std::vector<double>{0.3, -0.2, 0.1}, at::kDouble); }
 
-/// Loss and dL/dw of the whole batch in one piece (empty LossScale: local counts).
-std::pair<double, at::Tensor> reference(const Hook& hook) {
+/// Loss and dL/dw of the whole batch in one piece (empty LossCounts: local counts), and its
+/// metrics through the aggregator.
+struct Reference {
+  double loss;
+  at::Tensor grad;
+  std::map<std::string, double> metrics;
+};
+Reference reference(const Case& c) {
   auto w = w0().set_requires_grad(true);
-  auto loss = hook(make_batch(w), LossScale{}).loss;
-  loss.backward();
-  return {val(loss), w.grad().clone()};
+  auto batch = make_batch(w);
+  auto state = c.new_state();
+  c.prepare(state.get(), batch, nullptr);
+  auto out = c.loss(state.get(), batch, LossCounts{});
+  out.loss.backward();
+  MetricAggregator agg;
+  agg.add(out);
+  return {val(out.loss), w.grad().clone(), agg.result()};
+}
+
+void check_same_metrics(const std::map<std::string, double>& got, const std::map<std::string, double>& want) {
+  CHECK(got.size() == want.size());
+  for (const auto& [name, v] : want) {
+    CAPTURE(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(got.at(name) == doctest::Approx(v).epsilon(1e-12).scale(1e-12));
+  }
 }
 
 }  // namespace
 
 TEST_SUITE("algorithm/invariance") {
-  TEST_CASE("1, 2 or 4 micro-batches with global counts: same loss, same gradients") {
+  TEST_CASE("1, 2 or 4 micro-batches with global counts: same loss, same gradients, same metrics") {
     for (const auto& c : cases()) {
       CAPTURE(c.name);
-      const auto scale = global_scale(c, 1);
-      auto [ref_loss, ref_grad] = reference(c.hook);
+      const auto counts = global_counts(c, 1);
+      const auto ref = reference(c);
+      CHECK(!ref.metrics.empty());
       for (int64_t k : {1, 2, 4}) {
         CAPTURE(k);
         auto w = w0().set_requires_grad(true);
-        auto micro = make_batch(w).chunk(k);
+        auto mini = make_batch(w);
+        auto state = c.new_state();
+        c.prepare(state.get(), mini, nullptr);  // once per mini-batch, before the micro-batch loop
         auto total = at::zeros({}, at::kDouble);
-        for (const auto& m : micro) total = total + c.hook(m, scale).loss;
+        MetricAggregator agg;
+        for (const auto& m : mini.chunk(k)) {
+          auto out = c.loss(state.get(), m, counts);
+          total = total + out.loss;
+          agg.add(out);
+        }
         total.backward();
-        CHECK(val(total) == doctest::Approx(ref_loss).epsilon(1e-12));
-        CHECK(at::allclose(w.grad(), ref_grad, 1e-10, 1e-12));
+        CHECK(val(total) == doctest::Approx(ref.loss).epsilon(1e-12));
+        CHECK(at::allclose(w.grad(), ref.grad, 1e-10, 1e-12));
+        check_same_metrics(agg.result(), ref.metrics);
       }
     }
   }
 
-  TEST_CASE("2 Gloo ranks x 2 micro-batches, gradients all-reduced and averaged: same as 1 rank") {
+  TEST_CASE("the weights matter: an unweighted mean of micro-batch means is not the batch mean") {
+    // PPO's clip fraction over 4 micro-batches of unequal token counts (row 6 is fully masked).
+    auto o = PPOOptions{};
+    o.actor().clip_low(0.1).clip_high(0.15);
+    const auto c = make_case<Algorithm<PPO>>("PPO", o);
+    const auto ref = reference(c);
+    double naive = 0;
+    MetricAggregator agg;
+    auto state = c.new_state();
+    for (const auto& m : make_batch(w0()).chunk(4)) {
+      auto out = c.loss(state.get(), m, global_counts(c, 1));
+      naive += val(out.metrics.at("actor/pg_clipfrac").value) / 4;
+      agg.add(out);
+    }
+    const double want = ref.metrics.at("actor/pg_clipfrac");
+    CHECK(agg.result().at("actor/pg_clipfrac") == doctest::Approx(want).epsilon(1e-12));
+    CHECK(std::abs(naive - want) > 1e-3);
+  }
+
+  TEST_CASE("2 ranks x 2 micro-batches, gradients all-reduced and averaged: same as 1 rank, metrics too") {
     for (const auto& c : cases()) {
       CAPTURE(c.name);
-      const auto scale = global_scale(c, 2);
-      auto [ref_loss, ref_grad] = reference(c.hook);
+      const auto counts = global_counts(c, 2);
+      const auto ref = reference(c);
       std::vector<double> losses(2);
       std::vector<at::Tensor> grads(2);
+      std::vector<std::map<std::string, double>> metrics(2);
       testing::run_on(testing::backends().back(), 2, [&](Communicator& comm) {  // Gloo where present
         const int rank = comm.rank();
         auto w = w0().set_requires_grad(true);
         auto shard = make_batch(w).chunk(2)[static_cast<size_t>(rank)];
+        auto state = c.new_state();
+        c.prepare(state.get(), shard, &comm);  // KTO: z0 over both ranks' rows
         auto loss = at::zeros({}, at::kDouble);
-        for (const auto& m : shard.chunk(2)) loss = loss + c.hook(m, scale).loss;
+        MetricAggregator agg;
+        for (const auto& m : shard.chunk(2)) {
+          auto out = c.loss(state.get(), m, counts);
+          loss = loss + out.loss;
+          agg.add(out);
+        }
         loss.backward();
         auto grad = w.grad().clone();
-        auto sum = loss.detach().reshape({1});
-        comm.all_reduce(grad);
-        comm.all_reduce(sum);
+        auto sum = loss.detach().clone();
+        comm.all_reduce(grad, ReduceOp::sum);
+        comm.all_reduce(sum, ReduceOp::sum);
         grads[static_cast<size_t>(rank)] = grad / 2.0;  // data-parallel average, as FSDP/DDP
-        losses[static_cast<size_t>(rank)] = val(sum[0]) / 2.0;
+        losses[static_cast<size_t>(rank)] = val(sum) / 2.0;
+        metrics[static_cast<size_t>(rank)] = agg.result(&comm);
       });
       for (int rank = 0; rank < 2; ++rank) {
-        CHECK(losses[static_cast<size_t>(rank)] == doctest::Approx(ref_loss).epsilon(1e-12));
-        CHECK(at::allclose(grads[static_cast<size_t>(rank)], ref_grad, 1e-10, 1e-12));
+        CHECK(losses[static_cast<size_t>(rank)] == doctest::Approx(ref.loss).epsilon(1e-12));
+        CHECK(at::allclose(grads[static_cast<size_t>(rank)], ref.grad, 1e-10, 1e-12));
+        check_same_metrics(metrics[static_cast<size_t>(rank)], ref.metrics);
       }
     }
   }
 
-  TEST_CASE("KTO z0 averaged over the data-parallel group, then clamped") {
-    // rank 0: KL terms {0.4, 0.2} (mean 0.3); rank 1: {-0.5, -0.3} (mean -0.4) -> group mean -0.05 -> 0
-    // rank 1 alone would give 0, rank 0 alone 0.3: only the group mean is correct.
+  TEST_CASE("KTO z0: the exact mean over all rows of all ranks, then clamped") {
+    // rank 0: KL terms {0.4, 0.2, 0.3}; rank 1: {-1.3}. Row mean (0.9 - 1.3) / 4 = -0.1 -> 0;
+    // shifted by 0.2: 0.1. (The mean of the ranks' means, (0.3 - 1.3) / 2 + 0.2 = -0.3, would clamp
+    // to 0, and rank 0 alone would give 0.5.)
     for (double shift : {0.0, 0.2}) {
       std::vector<double> z0(2), loss(2);
-      testing::run_on(testing::backends().back(), 2, [&](Communicator& comm) {
+      testing::run_on(testing::backends().back(), 2, [&](Communicator& comm) {  // Gloo where present
         const int rank = comm.rank();
-        auto klp = rank == 0 ? at::tensor(std::vector<double>{0.4, 0.2})
-                             : at::tensor(std::vector<double>{-0.5, -0.3});
-        klp = klp + shift;
-        AllReduceMean mean = [&](const at::Tensor& t) { return all_reduce_mean(&comm, t); };
-        auto out = kto_loss(at::zeros({2}, at::kDouble), at::zeros({2}, at::kDouble), klp,
-                            at::zeros({2}, at::kDouble), bools({1, 0}), KTOOptions{}.beta(1.0),
-                            LossScale{0, 4, 2}, mean);
-        z0[static_cast<size_t>(rank)] = val(out.z0);
-        loss[static_cast<size_t>(rank)] = val(out.loss);
+        auto klp = rank == 0 ? at::tensor(std::vector<double>{0.4, 0.2, 0.3})
+                             : at::tensor(std::vector<double>{-1.3});
+        const int64_t n = klp.size(0);
+        TensorBatch mini({{keys::kl_log_probs_sum, klp + shift},
+                          {keys::ref_kl_log_probs_sum, at::zeros({n}, at::kDouble)},
+                          {keys::log_probs_sum, at::zeros({n}, at::kDouble)},
+                          {keys::ref_log_probs_sum, at::zeros({n}, at::kDouble)},
+                          {keys::desirable, rank == 0 ? bools({1, 0, 1}) : bools({0})}});
+        const auto o = KTOOptions{}.beta(1.0);
+        auto state = Algorithm<KTO>::make_state(o);
+        Algorithm<KTO>::prepare_mini_batch(mini, o, state, &comm);
+        z0[static_cast<size_t>(rank)] = val(state.z0);
+        // rank 1 holds a single row: no "at least 2" error, z0 comes from the group
+        loss[static_cast<size_t>(rank)] = val(Algorithm<KTO>::loss(mini, o, state, LossCounts{0, 4, 2}).loss);
       });
-      const double want = std::max(0.0, -0.05 + shift);
-      // ratios are 0: desirable 1 - s(-z0), undesirable 1 - s(z0); sum / 4 * 2
-      const double per_rank = ((1 - 1 / (1 + std::exp(want))) + (1 - 1 / (1 + std::exp(-want)))) / 2;
-      for (int rank = 0; rank < 2; ++rank) {
-        CHECK(z0[static_cast<size_t>(rank)] == doctest::Approx(want));
-        CHECK(loss[static_cast<size_t>(rank)] == doctest::Approx(per_rank));
-      }
+      const double want = std::max(0.0, -0.1 + shift);
+      // ratios are 0: desirable 1 - s(-z0), undesirable 1 - s(z0); each rank's sum / 4 * 2
+      const double d = 1 - 1 / (1 + std::exp(want)), u = 1 - 1 / (1 + std::exp(-want));
+      CHECK(z0[0] == doctest::Approx(want));
+      CHECK(z0[1] == doctest::Approx(want));
+      CHECK(loss[0] == doctest::Approx((2 * d + u) / 2));
+      CHECK(loss[1] == doctest::Approx(u / 2));
     }
   }
 }
 
-TEST_SUITE("algorithm/policies") {
-  TEST_CASE("PPO compute_advantages: KL in the reward, then GAE (gamma = lam = 1 by hand)") {
-    // one sequence of 3 valid tokens + 1 pad, one of 2 valid tokens
-    auto scores = at::tensor(std::vector<double>{0, 0, 1, 0, 0, 2, 0, 0}).reshape({2, 4});
-    auto old_lp = at::full({2, 4}, -1.0, at::kDouble);
-    auto ref_lp = at::tensor(std::vector<double>{-1.5, -1, -0.5, -9, -1, -2, -9, -9}).reshape({2, 4});
-    auto mask = at::tensor(std::vector<double>{1, 1, 1, 0, 1, 1, 0, 0}).reshape({2, 4});
-    auto values = at::zeros({2, 4}, at::kDouble);
-    TensorBatch b({{"token_level_scores", scores}, {"old_log_probs", old_lp}, {"ref_log_probs", ref_lp},
-                   {"response_mask", mask}, {"old_values", values}});
-    b.set_meta("kl_coef", 0.1);
-    Algorithm<PPO>::compute_advantages(b, PPOOptions{}.use_kl_in_reward(true));
-    // k1 = old - ref: row 0 {0.5, 0, -0.5, -}, row 1 {0, 1, -, -}
-    // rewards row 0 {-0.05, 0, 1.05, 0}, row 1 {0, 1.9, 0, 0}; returns = reverse sums (V = 0)
-    const auto& ret = b.tensor("returns");
-    CHECK(val(ret[0][0]) == doctest::Approx(1.0));
-    CHECK(val(ret[0][1]) == doctest::Approx(1.05));
-    CHECK(val(ret[0][2]) == doctest::Approx(1.05));
-    CHECK(val(ret[1][0]) == doctest::Approx(1.9));
-    CHECK(val(ret[1][1]) == doctest::Approx(1.9));
-    CHECK(val(b.tensor("token_level_rewards")[0][0]) == doctest::Approx(-0.05));
-    // reward_kl = mean(row means) = mean(0/3, 1/2) = 0.25
-    CHECK(b.meta()["reward_kl"].get<double>() == doctest::Approx(0.25));
-    CHECK(b.has_tensor("advantages"));
-  }
-
-  TEST_CASE("PPO loss hook = pg - entropy_coeff * H + kl_coef * k3 (hand values)") {
-    auto lp = at::tensor(std::vector<double>{-1, -1}).reshape({1, 2});
-    TensorBatch b({{"log_probs", lp}, {"old_log_probs", lp}, {"advantages", at::tensor(std::vector<double>{1, 3}).reshape({1, 2})},
-                   {"response_mask", at::ones({1, 2}, at::kDouble)},
-                   {"entropy", at::tensor(std::vector<double>{0.5, 1.5}).reshape({1, 2})},
-                   {"ref_log_probs", at::tensor(std::vector<double>{-1, -1.5}).reshape({1, 2})}});
-    auto o = PPOOptions{}.entropy_coeff(0.01).use_kl_loss(true).kl_loss_coef(0.1);
-    auto out = Algorithm<PPO>::loss(b, o, LossScale{});
-    // ratio 1: pg = -(1 + 3) / 2 = -2; H = 1; k3 with d = {0, 0.5}: {0, e^-0.5 - 0.5}
-    const double kl = (std::exp(-0.5) - 0.5) / 2;
-    CHECK(val(out.loss) == doctest::Approx(-2.0 - 0.01 * 1.0 + 0.1 * kl));
-    CHECK(val(out.metrics.at("actor/kl_loss")) == doctest::Approx(kl));
-    CHECK(val(out.metrics.at("actor/entropy")) == doctest::Approx(1.0));
-    b.erase("entropy");
-    CHECK_THROWS_WITH_AS(Algorithm<PPO>::loss(b, o, LossScale{}), doctest::Contains("entropy"), Error);
-  }
-
-  TEST_CASE("GRPO hook: scores or summed token rewards; Dr.GRPO switch") {
-    TensorBatch b({{"token_level_rewards", at::tensor(std::vector<float>{0, 1, 0, 0, 0, 3}).reshape({3, 2})},
-                   {"group_ids", at::tensor(std::vector<int64_t>{5, 5, 9})},
-                   {"response_mask", at::ones({3, 2})}});
-    Algorithm<GRPO>::compute_advantages(b, GRPOOptions{}.dr_grpo(true));
-    // group 5: scores {1, 0}, mean 0.5 -> {0.5, -0.5}; group 9 singleton: 3 - 0 = 3
-    CHECK(val(b.tensor("advantages")[0][1]) == doctest::Approx(0.5));
-    CHECK(val(b.tensor("advantages")[1][0]) == doctest::Approx(-0.5));
-    CHECK(val(b.tensor("returns")[2][0]) == doctest::Approx(3.0));
-    CHECK(GRPOOptions{}.dr_grpo(true).dr_grpo());
-    CHECK((GRPOOptions{}.dr_grpo(true).loss_agg() == LossAgg::seq_mean_token_sum_norm));
-    CHECK(!GRPOOptions{}.dr_grpo(true).dr_grpo(false).dr_grpo());
-    CHECK(GRPOOptions{}.norm_adv_by_std());
-  }
-
-  TEST_CASE("KTO hook rejects a batch of 1; DPO hook reports accuracy; defaults validate") {
-    TensorBatch one({{"log_probs_sum", at::zeros({1})}, {"ref_log_probs_sum", at::zeros({1})},
-                     {"kl_log_probs_sum", at::zeros({1})}, {"kl_ref_log_probs_sum", at::zeros({1})},
-                     {"desirable", bools({1})}});
-    CHECK_THROWS_WITH_AS(Algorithm<KTO>::loss(one, KTOOptions{}, LossScale{}),
-                         doctest::Contains("at least 2"), Error);
-    auto b = make_batch(w0());
-    auto out = Algorithm<DPO>::loss(b, DPOOptions{}, LossScale{});
-    CHECK(out.metrics.count("rewards/accuracies") == 1);
-    CHECK_NOTHROW(PPOOptions{}.validate());
-    CHECK_NOTHROW(GRPOOptions{}.validate());
-    CHECK_NOTHROW(DPOOptions{}.validate());
-    CHECK_NOTHROW(KTOOptions{}.validate());
-    CHECK_THROWS_WITH_AS(GRPOOptions{}.kl_loss_coef(std::nan("")).validate(),
-                         doctest::Contains("kl_loss_coef"), Error);
-  }
-
-  TEST_CASE("traits drive the trainer's compile-time rules; options are validated at construction") {
-    static_assert(trainer_config<Algorithm<PPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>);
-    static_assert(trainer_config<Algorithm<GRPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Packed>>);
-    static_assert(trainer_config<Algorithm<DPO>, Sharding<FSDP>, NoRollout, Loader<Packed>>);
-    static_assert(trainer_config<Algorithm<KTO>, Sharding<FSDP>, NoRollout, Loader<Bucketed>>);
-    static_assert(!trainer_config<Algorithm<DPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>);
-    static_assert(!trainer_config<Algorithm<GRPO>, Sharding<FSDP>, NoRollout, Loader<Packed>>);
-    static_assert(trainer_config<Algorithm<RLOO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>);
-    static_assert(Algorithm<PPO>::needs_critic && !Algorithm<GRPO>::needs_critic);
-    using PPOTrainer = Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
-    CHECK_THROWS_WITH_AS(PPOTrainer(PPOTrainer::Options{}.algorithm(PPOOptions{}.clip_c(0.5))),
-                         doctest::Contains("clip_c"), Error);
-    CHECK_NOTHROW(PPOTrainer(PPOTrainer::Options{}));
-  }
-
-  TEST_CASE("the example's RLOO policy: leave-one-out advantages by hand") {
-    TensorBatch b({{"scores", at::tensor(std::vector<float>{1, 0, 0, 1, 1, 0})},
-                   {"group_ids", at::tensor(std::vector<int64_t>{0, 0, 0, 1, 1, 1})},
-                   {"response_mask", at::ones({6, 2})}});
-    Algorithm<RLOO>::compute_advantages(b, RLOOOptions{});
-    // group 0 {1,0,0}: 1 - 0 = 1, 0 - 0.5 = -0.5 ; group 1 {1,1,0}: 1 - 0.5 = 0.5, 0 - 1 = -1
-    const std::vector<double> want = {1, -0.5, -0.5, 0.5, 0.5, -1};
-    for (int64_t i = 0; i < 6; ++i) CHECK(val(b.tensor("advantages")[i][1]) == doctest::Approx(want[i]));
-  }
-}

@@ -9,18 +9,16 @@ struct MyOptions {
   void validate() const {}
 };
 template <>
-struct hybridrl::Algorithm<MyTag> {
-  using tag = MyTag;
-  using options_type = MyOptions;
+struct hybridrl::Algorithm<MyTag> : algorithm_base<MyTag, MyOptions, DataKind::prompts> {
   static constexpr std::string_view name = "Mine";
-  static constexpr DataKind data_kind = DataKind::prompts;
-  static constexpr bool needs_critic = false;
-  static constexpr bool needs_reference = false;
 #ifndef HYBRIDRL_COMPILE_FAIL
-  static void compute_advantages(TensorBatch& b, const options_type&) { b.set("advantages", b.tensor("scores")); }
+  static void compute_advantages(TensorBatch& b, const options_type&, state_type&) {
+    b.set(keys::advantages, b.tensor(keys::scores));
+  }
 #endif
-  static LossOutput loss(const TensorBatch& b, const options_type&, const LossScale&) {
-    return {b.tensor("advantages").mean(), {}};
+  static LossOutput loss(const TensorBatch& b, const options_type&, const state_type&,
+                         const LossCounts&) {
+    return {b.tensor(keys::advantages).mean(), {}};
   }
 };
 using Probe = Trainer<Algorithm<MyTag>, Sharding<FSDP>, Rollout<Paged>, Loader<Packed>>;

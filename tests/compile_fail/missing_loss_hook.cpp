@@ -9,16 +9,13 @@ struct MyOptions {
   void validate() const {}
 };
 template <>
-struct hybridrl::Algorithm<MyTag> {
-  using tag = MyTag;
-  using options_type = MyOptions;
+struct hybridrl::Algorithm<MyTag> : algorithm_base<MyTag, MyOptions, DataKind::preference_pairs> {
   static constexpr std::string_view name = "Mine";
-  static constexpr DataKind data_kind = DataKind::preference_pairs;
-  static constexpr bool needs_critic = false;
   static constexpr bool needs_reference = true;
 #ifndef HYBRIDRL_COMPILE_FAIL
-  static LossOutput loss(const TensorBatch& b, const options_type&, const LossScale&) {
-    return {b.tensor("x").mean(), {}};
+  static LossOutput loss(const TensorBatch& b, const options_type&, const state_type&,
+                         const LossCounts&) {
+    return {b.tensor(keys::chosen_log_probs_sum).mean(), {}};
   }
 #endif
 };

@@ -71,23 +71,23 @@ struct AllTypes {
 }  // namespace
 
 template <>
-struct hybridrl::Algorithm<OnlineAlgo> {
-  using tag = OnlineAlgo;
-  using options_type = ClipOptions;
+struct hybridrl::Algorithm<OnlineAlgo>
+    : hybridrl::algorithm_base<OnlineAlgo, ClipOptions, DataKind::prompts> {
   static constexpr std::string_view name = "OnlineAlgo";
-  static constexpr DataKind data_kind = DataKind::prompts;
-  static constexpr bool needs_critic = false;
-  static constexpr bool needs_reference = false;
-  static void compute_advantages(TensorBatch&, const options_type&) {}
-  static LossOutput loss(const TensorBatch& b, const options_type&, const LossScale&) {
+  static void compute_advantages(TensorBatch&, const options_type&, state_type&) {}
+  static LossOutput loss(const TensorBatch& b, const options_type&, const state_type&,
+                         const LossCounts&) {
     return {b.tensor("x").sum(), {}};
   }
 };
 template <>
-struct hybridrl::Algorithm<OfflineAlgo> : hybridrl::Algorithm<OnlineAlgo> {
-  using tag = OfflineAlgo;
+struct hybridrl::Algorithm<OfflineAlgo>
+    : hybridrl::algorithm_base<OfflineAlgo, ClipOptions, DataKind::preference_pairs> {
   static constexpr std::string_view name = "OfflineAlgo";
-  static constexpr DataKind data_kind = DataKind::preference_pairs;
+  static LossOutput loss(const TensorBatch& b, const options_type&, const state_type&,
+                         const LossCounts&) {
+    return {b.tensor("x").sum(), {}};
+  }
 };
 
 using PagedTrainer = Trainer<Algorithm<OnlineAlgo>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
@@ -99,7 +99,8 @@ using OfflineTrainer = Trainer<Algorithm<OfflineAlgo>, Sharding<FSDP>, Loader<Pa
 #define HYBRIDRL_TEST_OPTION_TYPES                                                               \
   SamplingOptions, NaiveOptions, PagedOptions, FSDPOptions, TP3DOptions, LoaderCommonOptions,    \
       BucketedOptions, PackedOptions, BatchGeometry, AllTypes, PagedTrainer::Options,             \
-      MeshTrainer::Options, OfflineTrainer::Options
+      MeshTrainer::Options, OfflineTrainer::Options, ActorLossOptions, KLControlOptions,          \
+      PPOOptions, GRPOOptions, DPOOptions, KTOOptions, GRPOTrainer::Options, DPOTrainer::Options
 
 namespace {
 

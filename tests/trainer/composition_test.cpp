@@ -23,40 +23,30 @@ struct TinyOptions {
 };
 
 template <>
-struct hybridrl::Algorithm<OnlineTag> {
-  using tag = OnlineTag;
-  using options_type = TinyOptions;
+struct hybridrl::Algorithm<OnlineTag> : algorithm_base<OnlineTag, TinyOptions, DataKind::prompts> {
   static constexpr std::string_view name = "Online";
-  static constexpr DataKind data_kind = DataKind::prompts;
-  static constexpr bool needs_critic = false;
-  static constexpr bool needs_reference = false;
-  static void compute_advantages(TensorBatch& b, const options_type& o) {
+  static void compute_advantages(TensorBatch& b, const options_type& o, state_type&) {
     b.set("advantages", b.tensor("scores") * o.scale());
   }
-  static LossOutput loss(const TensorBatch& b, const options_type&, const LossScale& s) {
+  static LossOutput loss(const TensorBatch& b, const options_type&, const state_type&,
+                         const LossCounts& s) {
     return {b.tensor("advantages").sum() / static_cast<double>(s.global_sequences), {}};
   }
 };
 template <>
-struct hybridrl::Algorithm<OfflineTag> {
-  using tag = OfflineTag;
-  using options_type = TinyOptions;
+struct hybridrl::Algorithm<OfflineTag>
+    : algorithm_base<OfflineTag, TinyOptions, DataKind::preference_pairs> {
   static constexpr std::string_view name = "Offline";
-  static constexpr DataKind data_kind = DataKind::preference_pairs;
-  static constexpr bool needs_critic = false;
   static constexpr bool needs_reference = true;
-  static LossOutput loss(const TensorBatch& b, const options_type&, const LossScale&) {
+  static LossOutput loss(const TensorBatch& b, const options_type&, const state_type&,
+                         const LossCounts&) {
     return {b.tensor("x").mean(), {}};
   }
 };
 template <>
-struct hybridrl::Algorithm<NoLossTag> {
-  using tag = NoLossTag;
-  using options_type = TinyOptions;
+struct hybridrl::Algorithm<NoLossTag>
+    : algorithm_base<NoLossTag, TinyOptions, DataKind::preference_pairs> {
   static constexpr std::string_view name = "NoLoss";
-  static constexpr DataKind data_kind = DataKind::preference_pairs;
-  static constexpr bool needs_critic = false;
-  static constexpr bool needs_reference = true;
 };
 template <>
 struct hybridrl::Algorithm<NoAdvantageTag> : hybridrl::Algorithm<OfflineTag> {
@@ -229,8 +219,9 @@ TEST_SUITE("trainer/composition") {
   TEST_CASE("a user algorithm's hooks run through the trainer's types") {
     using T = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Packed>>;
     TensorBatch b({{"scores", at::tensor(std::vector<float>{1.f, 2.f, 3.f})}});
-    T::algorithm_type::compute_advantages(b, TinyOptions{}.scale(2.0));
-    auto out = T::algorithm_type::loss(b, TinyOptions{}, LossScale{0, 3, 1});
+    auto state = T::algorithm_type::make_state(TinyOptions{});
+    T::algorithm_type::compute_advantages(b, TinyOptions{}.scale(2.0), state);
+    auto out = T::algorithm_type::loss(b, TinyOptions{}, state, LossCounts{0, 3, 1});
     CHECK(out.loss.item<float>() == doctest::Approx((2.f + 4.f + 6.f) / 3.f));
   }
 

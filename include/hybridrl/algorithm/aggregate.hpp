@@ -14,6 +14,7 @@
 #include "hybridrl/algorithm/checks.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/loss.hpp"
+#include "hybridrl/core/options.hpp"
 
 namespace hybridrl {
 
@@ -25,28 +26,8 @@ enum class LossAgg {
   seq_mean_token_sum_norm, ///< Σ_seq (Σ_t loss·mask) / global_seqs / L  ("seq-mean-token-sum-norm", Dr.GRPO)
 };
 
-/// verl's spelling of `agg` ("token-mean", ...), for logs and configuration files.
-[[nodiscard]] inline std::string_view to_string(LossAgg agg) noexcept {
-  switch (agg) {
-    case LossAgg::token_mean: return "token-mean";
-    case LossAgg::seq_mean_token_sum: return "seq-mean-token-sum";
-    case LossAgg::seq_mean_token_mean: return "seq-mean-token-mean";
-    case LossAgg::seq_mean_token_sum_norm: return "seq-mean-token-sum-norm";
-  }
-  return "?";
-}
-
-/// Parses verl's names ("token-mean") or ours ("token_mean"); throws hybridrl::Error otherwise.
-[[nodiscard]] inline LossAgg loss_agg_from_string(std::string_view s) {
-  for (auto a : {LossAgg::token_mean, LossAgg::seq_mean_token_sum, LossAgg::seq_mean_token_mean,
-                 LossAgg::seq_mean_token_sum_norm}) {
-    std::string dashed(to_string(a)), underscored(dashed);
-    for (auto& c : underscored) c = c == '-' ? '_' : c;
-    if (s == dashed || s == underscored) return a;
-  }
-  throw Error(fmt::format("unknown loss aggregation '{}'", s),
-              "use token-mean, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm");
-}
+HYBRIDRL_ENUM_NAMES(LossAgg, token_mean, seq_mean_token_sum, seq_mean_token_mean,
+                    seq_mean_token_sum_norm);
 
 /// Aggregates `loss` [batch, T] over `mask` [batch, T] (bool or float) into a scalar:
 /// the masked numerator of `agg` divided by the global count (`global_tokens` for token_mean,
@@ -65,7 +46,7 @@ enum class LossAgg {
                  fmt::format("aggregate_loss: global_tokens = {}, global_seqs = {}, dp_size = {}, "
                              "norm_length = {}; counts must be >= 0 and dp_size >= 1",
                              global_tokens, global_seqs, dp_size, norm_length),
-                 "pass the counts of the whole mini-batch over all ranks (LossScale)");
+                 "pass the counts of the whole mini-batch over all ranks (LossCounts)");
   const auto m = detail::mask_as(mask, loss.scalar_type());
   const auto dp = static_cast<double>(dp_size);
   if (agg == LossAgg::token_mean) {
@@ -83,27 +64,27 @@ enum class LossAgg {
   return total * scale;
 }
 
-/// Aggregates with the counts of a LossScale. An empty scale (both counts 0) means "this
+/// Aggregates with the counts of a LossCounts. Empty counts (both 0) means "this
 /// micro-batch is the whole mini-batch": the local counts are used (without a device sync).
 [[nodiscard]] inline at::Tensor aggregate_loss(const at::Tensor& loss, const at::Tensor& mask,
-                                               LossAgg agg, const LossScale& scale,
+                                               LossAgg agg, const LossCounts& counts,
                                                int64_t norm_length = 0) {
-  if (scale.global_tokens != 0 || scale.global_sequences != 0) {
-    return aggregate_loss(loss, mask, agg, scale.global_tokens, scale.global_sequences,
-                          scale.data_parallel_size, norm_length);
+  if (!counts.empty()) {
+    return aggregate_loss(loss, mask, agg, counts.global_tokens, counts.global_sequences,
+                          counts.data_parallel_size, norm_length);
   }
-  HYBRIDRL_CHECK(scale.data_parallel_size == 1,
-                 fmt::format("LossScale has no global counts but data_parallel_size = {}",
-                             scale.data_parallel_size),
-                 "set LossScale::global_tokens and global_sequences to the counts of the whole "
+  HYBRIDRL_CHECK(counts.data_parallel_size == 1,
+                 fmt::format("LossCounts has no global counts but data_parallel_size = {}",
+                             counts.data_parallel_size),
+                 "set LossCounts::global_tokens and global_sequences to the counts of the whole "
                  "mini-batch over all ranks");
   detail::check_same_shape("aggregate_loss", "loss", loss, "mask", mask);
   const auto m = detail::mask_as(mask, loss.scalar_type());
   if (agg == LossAgg::token_mean) return (loss * m).sum() / m.sum().clamp_min(1.0);
-  auto counts = m.sum(-1);
+  auto row_tokens = m.sum(-1);
   auto seq = (loss * m).sum(-1);
-  if (agg == LossAgg::seq_mean_token_mean) seq = seq / (counts + 1e-8);
-  auto out = seq.sum() / (counts > 0).sum().to(loss.scalar_type()).clamp_min(1.0);
+  if (agg == LossAgg::seq_mean_token_mean) seq = seq / (row_tokens + 1e-8);
+  auto out = seq.sum() / (row_tokens > 0).sum().to(loss.scalar_type()).clamp_min(1.0);
   if (agg == LossAgg::seq_mean_token_sum_norm) {
     out = out / static_cast<double>(norm_length > 0 ? norm_length : loss.size(1));
   }
@@ -113,22 +94,22 @@ enum class LossAgg {
 namespace detail {
 
 /// Mean of per-sequence losses [batch] normalised by the global sequence count (DPO, KTO):
-/// Σ losses / global_sequences · dp_size, or the local mean for an empty LossScale.
-[[nodiscard]] inline at::Tensor sequence_mean(const at::Tensor& losses, const LossScale& scale) {
-  if (scale.global_sequences == 0 && scale.global_tokens == 0) {
-    HYBRIDRL_CHECK(scale.data_parallel_size == 1,
-                   fmt::format("LossScale has no global counts but data_parallel_size = {}",
-                               scale.data_parallel_size),
-                   "set LossScale::global_sequences to the number of samples of the whole "
+/// Σ losses / global_sequences · dp_size, or the local mean for an empty LossCounts.
+[[nodiscard]] inline at::Tensor sequence_mean(const at::Tensor& losses, const LossCounts& counts) {
+  if (counts.empty()) {
+    HYBRIDRL_CHECK(counts.data_parallel_size == 1,
+                   fmt::format("LossCounts has no global counts but data_parallel_size = {}",
+                               counts.data_parallel_size),
+                   "set LossCounts::global_sequences to the number of samples of the whole "
                    "mini-batch over all ranks");
     return losses.mean();
   }
-  HYBRIDRL_CHECK(scale.global_sequences > 0 && scale.data_parallel_size >= 1,
-                 fmt::format("LossScale: global_sequences = {}, data_parallel_size = {}",
-                             scale.global_sequences, scale.data_parallel_size),
+  HYBRIDRL_CHECK(counts.global_sequences > 0 && counts.data_parallel_size >= 1,
+                 fmt::format("LossCounts: global_sequences = {}, data_parallel_size = {}",
+                             counts.global_sequences, counts.data_parallel_size),
                  "a sequence-level loss needs global_sequences >= 1 and data_parallel_size >= 1");
-  return losses.sum() * (static_cast<double>(scale.data_parallel_size) /
-                         static_cast<double>(scale.global_sequences));
+  return losses.sum() * (static_cast<double>(counts.data_parallel_size) /
+                         static_cast<double>(counts.global_sequences));
 }
 
 }  // namespace detail

@@ -1,11 +1,15 @@
 #pragma once
 /// \file
-/// Aggregator for the Algorithm axis: the math (advantages, KL, loss aggregation, losses) and the
-/// built-in policies Algorithm<PPO>, Algorithm<GRPO>, Algorithm<DPO>, Algorithm<KTO>.
+/// Aggregator for the Algorithm axis: the contract (concepts, algorithm_base, metrics), the math
+/// (advantages, KL, loss aggregation, the actor loss, losses) and the built-in policies
+/// Algorithm<PPO>, Algorithm<GRPO>, Algorithm<DPO>, Algorithm<KTO>.
 /// Every formula and its source in verl / TRL: docs/algorithms.md.
 
-#include "hybridrl/core/concepts.hpp"
+#include "hybridrl/algorithm/concepts.hpp"
+#include "hybridrl/algorithm/base.hpp"
+#include "hybridrl/algorithm/metrics.hpp"
 
+#include "hybridrl/algorithm/actor_loss.hpp"
 #include "hybridrl/algorithm/advantages.hpp"
 #include "hybridrl/algorithm/aggregate.hpp"
 #include "hybridrl/algorithm/dpo.hpp"

@@ -8,10 +8,12 @@
 #include <fmt/format.h>
 
 #include <string_view>
+#include <vector>
 
 #include "hybridrl/algorithm/aggregate.hpp"
 #include "hybridrl/algorithm/checks.hpp"
-#include "hybridrl/core/concepts.hpp"
+#include "hybridrl/algorithm/base.hpp"
+#include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/loss.hpp"
 #include "hybridrl/core/options.hpp"
@@ -20,11 +22,12 @@
 namespace hybridrl {
 
 /// The preference loss applied to the margin h = (π_c − ref_c) − (π_r − ref_r).
-enum class DpoLoss {
+enum class DPOLoss {
   sigmoid,  ///< −(1−ε) log σ(βh) − ε log σ(−βh)   (DPO; cDPO when ε = label_smoothing > 0)
   ipo,      ///< (h − 1/(2β))²                    (IPO; TRL feeds it length-averaged log-probs)
   hinge,    ///< max(0, 1 − βh)                    (SLiC hinge)
 };
+HYBRIDRL_ENUM_NAMES(DPOLoss, sigmoid, ipo, hinge);
 
 /// Run-time options of DPO (TRL DPOConfig defaults).
 struct DPOOptions {
@@ -33,7 +36,8 @@ struct DPOOptions {
   /// ε of cDPO: assumed probability that a preference label is flipped (sigmoid loss only).
   HYBRIDRL_ARG(double, label_smoothing) = 0.0;
   /// Which preference loss.
-  HYBRIDRL_ARG(DpoLoss, loss_type) = DpoLoss::sigmoid;
+  HYBRIDRL_ARG(DPOLoss, loss_type) = DPOLoss::sigmoid;
+  HYBRIDRL_FIELDS(beta, label_smoothing, loss_type)
 
   /// Throws hybridrl::Error for beta <= 0, label_smoothing outside [0, 0.5] or on a non-sigmoid
   /// loss, or NaN.
@@ -45,7 +49,7 @@ struct DPOOptions {
     HYBRIDRL_CHECK(label_smoothing_ >= 0 && label_smoothing_ <= 0.5,
                    fmt::format("label_smoothing = {} must lie in [0, 0.5]", label_smoothing_),
                    "use 0 for DPO, or a flip probability below 0.5 for conservative DPO");
-    HYBRIDRL_CHECK(label_smoothing_ == 0 || loss_type_ == DpoLoss::sigmoid,
+    HYBRIDRL_CHECK(label_smoothing_ == 0 || loss_type_ == DPOLoss::sigmoid,
                    fmt::format("label_smoothing = {} applies only to the sigmoid loss",
                                label_smoothing_),
                    "set label_smoothing(0) for the ipo and hinge losses");
@@ -61,14 +65,14 @@ struct DPOLossResult {
 };
 
 /// DPO family loss (TRL `dpo_loss`). Inputs are per-sequence SUMMED log-probs, [batch] each;
-/// the per-pair losses are averaged over `scale.global_sequences` pairs (× data_parallel_size), or
-/// over the batch for an empty LossScale.
+/// the per-pair losses are averaged over `counts.global_sequences` pairs (× data_parallel_size), or
+/// over the batch for an empty LossCounts.
 [[nodiscard]] inline DPOLossResult dpo_loss(const at::Tensor& policy_chosen,
                                             const at::Tensor& policy_rejected,
                                             const at::Tensor& ref_chosen,
                                             const at::Tensor& ref_rejected,
                                             const DPOOptions& opts = {},
-                                            const LossScale& scale = {}) {
+                                            const LossCounts& counts = {}) {
   constexpr std::string_view fn = "dpo_loss";
   opts.validate();
   detail::check_dims(fn, "policy_chosen", policy_chosen, 1);
@@ -82,46 +86,53 @@ struct DPOLossResult {
   const auto h = chosen_ratio - rejected_ratio;
   at::Tensor losses;
   switch (opts.loss_type()) {
-    case DpoLoss::sigmoid: {
+    case DPOLoss::sigmoid: {
       const double eps = opts.label_smoothing();
       losses = -(1.0 - eps) * at::log_sigmoid(beta * h);
       if (eps > 0) losses = losses - eps * at::log_sigmoid(-beta * h);
       break;
     }
-    case DpoLoss::ipo: losses = (h - 1.0 / (2.0 * beta)).square(); break;
-    case DpoLoss::hinge: losses = at::relu(1.0 - beta * h); break;
+    case DPOLoss::ipo: losses = (h - 1.0 / (2.0 * beta)).square(); break;
+    case DPOLoss::hinge: losses = at::relu(1.0 - beta * h); break;
   }
   DPOLossResult out;
-  out.loss = detail::sequence_mean(losses, scale);
+  out.loss = detail::sequence_mean(losses, counts);
   out.chosen_rewards = beta * chosen_ratio.detach();
   out.rejected_rewards = beta * rejected_ratio.detach();
   out.accuracy = at::gt(out.chosen_rewards, out.rejected_rewards).to(h.scalar_type()).mean();
   return out;
 }
 
-/// DPO. loss reads "chosen_log_probs", "rejected_log_probs" (policy, with grad),
-/// "ref_chosen_log_probs", "ref_rejected_log_probs", all [B] summed over response tokens.
+/// DPO: reads the summed policy and reference log-probs of both completions of each pair.
 template <>
-struct Algorithm<DPO> {
-  using tag = DPO;
-  using options_type = DPOOptions;
+struct Algorithm<DPO> : algorithm_base<DPO, DPOOptions, DataKind::preference_pairs> {
   static constexpr std::string_view name = "DPO";
-  static constexpr DataKind data_kind = DataKind::preference_pairs;
-  static constexpr bool needs_critic = false;
   static constexpr bool needs_reference = true;
 
-  /// DPO loss of one micro-batch of pairs, with reward metrics.
-  static LossOutput loss(const TensorBatch& batch, const options_type& o, const LossScale& scale) {
-    auto r = dpo_loss(batch.tensor("chosen_log_probs"), batch.tensor("rejected_log_probs"),
-                      batch.tensor("ref_chosen_log_probs"), batch.tensor("ref_rejected_log_probs"),
-                      o, scale);
+  /// chosen_log_probs_sum, rejected_log_probs_sum (policy, with grad), ref_chosen_log_probs_sum,
+  /// ref_rejected_log_probs_sum, all [B].
+  static std::vector<Key> loss_reads(const options_type& /*o*/) {
+    return {keys::chosen_log_probs_sum, keys::rejected_log_probs_sum, keys::ref_chosen_log_probs_sum,
+            keys::ref_rejected_log_probs_sum};
+  }
+
+  /// DPO loss of one micro-batch of pairs. Metrics: dpo/loss (share, sum); rewards/chosen,
+  /// rewards/rejected, rewards/accuracies, rewards/margins (means over the pairs).
+  static LossOutput loss(const TensorBatch& batch, const options_type& o, const state_type& /*s*/,
+                         const LossCounts& counts) {
+    auto r = dpo_loss(batch.tensor(keys::chosen_log_probs_sum),
+                      batch.tensor(keys::rejected_log_probs_sum),
+                      batch.tensor(keys::ref_chosen_log_probs_sum),
+                      batch.tensor(keys::ref_rejected_log_probs_sum), o, counts);
+    const int64_t pairs = batch.size();
     LossOutput out;
     out.loss = r.loss;
-    out.metrics["dpo/loss"] = r.loss.detach();
-    out.metrics["rewards/chosen"] = r.chosen_rewards.mean();
-    out.metrics["rewards/rejected"] = r.rejected_rewards.mean();
-    out.metrics["rewards/accuracies"] = r.accuracy;
-    out.metrics["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean();
+    out.metrics["dpo/loss"] = Metric::sum(r.loss / static_cast<double>(counts.data_parallel_size));
+    out.metrics["rewards/chosen"] = Metric::sequence_mean(r.chosen_rewards.mean(), pairs);
+    out.metrics["rewards/rejected"] = Metric::sequence_mean(r.rejected_rewards.mean(), pairs);
+    out.metrics["rewards/accuracies"] = Metric::sequence_mean(r.accuracy, pairs);
+    out.metrics["rewards/margins"] =
+        Metric::sequence_mean((r.chosen_rewards - r.rejected_rewards).mean(), pairs);
     return out;
   }
 };

@@ -21,7 +21,7 @@
 namespace hybridrl {
 
 /// Per-token estimator of KL(π ‖ π_ref) from the sampled tokens' log-probs.
-enum class KlEstimator {
+enum class KLEstimator {
   k1,       ///< log π − log π_ref                          (verl "kl" / "k1")
   k2,       ///< ½ (log π − log π_ref)²                     (verl "mse" / "k2")
   k3,       ///< e^{−d} − 1 + d with d = log π − log π_ref, input and output clamped ("low_var_kl")
@@ -30,46 +30,23 @@ enum class KlEstimator {
   k3_plus,  ///< value of k3, gradient of k2 (straight-through, verl "k3+")
 };
 
-/// verl's name of `e` ("k1", "k3+", ...).
-[[nodiscard]] inline std::string_view to_string(KlEstimator e) noexcept {
-  switch (e) {
-    case KlEstimator::k1: return "k1";
-    case KlEstimator::k2: return "k2";
-    case KlEstimator::k3: return "k3";
-    case KlEstimator::abs: return "abs";
-    case KlEstimator::k1_plus: return "k1+";
-    case KlEstimator::k3_plus: return "k3+";
-  }
-  return "?";
-}
-
-/// Parses verl's names: kl/k1, mse/k2, low_var_kl/k3, abs, k1+, k3+ (low_var_kl+).
-[[nodiscard]] inline KlEstimator kl_estimator_from_string(std::string_view s) {
-  if (s == "k1" || s == "kl") return KlEstimator::k1;
-  if (s == "k2" || s == "mse") return KlEstimator::k2;
-  if (s == "k3" || s == "low_var_kl") return KlEstimator::k3;
-  if (s == "abs") return KlEstimator::abs;
-  if (s == "k1+" || s == "kl+") return KlEstimator::k1_plus;
-  if (s == "k3+" || s == "low_var_kl+") return KlEstimator::k3_plus;
-  throw Error(fmt::format("unknown KL estimator '{}'", s),
-              "use one of k1 (kl), k2 (mse), k3 (low_var_kl), abs, k1+, k3+");
-}
+HYBRIDRL_ENUM_NAMES(KLEstimator, k1, k2, k3, abs, k1_plus, k3_plus);
 
 /// Token-level KL estimate [batch, T] of `logp` (policy) against `ref_logp` (reference), same
 /// shape. k3 clamps d to [−20, 20] before exp and the result to [−10, 10], as verl does. The
 /// straight-through forms return the forward value of k1/k3 with the gradient of k2 (which is the
 /// unbiased gradient of KL on-policy).
 [[nodiscard]] inline at::Tensor kl_penalty(const at::Tensor& logp, const at::Tensor& ref_logp,
-                                           KlEstimator estimator) {
+                                           KLEstimator estimator) {
   detail::check_floating("kl_penalty", "logp", logp);
   detail::check_same_shape("kl_penalty", "logp", logp, "ref_logp", ref_logp);
   const auto d = logp - ref_logp;
-  auto forward = [&](KlEstimator e) -> at::Tensor {
+  auto forward = [&](KLEstimator e) -> at::Tensor {
     switch (e) {
-      case KlEstimator::k1: return d;
-      case KlEstimator::k2: return 0.5 * d.square();
-      case KlEstimator::abs: return d.abs();
-      case KlEstimator::k3:
+      case KLEstimator::k1: return d;
+      case KLEstimator::k2: return 0.5 * d.square();
+      case KLEstimator::abs: return d.abs();
+      case KLEstimator::k3:
       default: {
         auto neg = (-d).clamp(-20.0, 20.0);  // log(π_ref/π)
         return (neg.exp() - neg - 1.0).clamp(-10.0, 10.0);
@@ -77,9 +54,9 @@ enum class KlEstimator {
     }
   };
   switch (estimator) {
-    case KlEstimator::k1_plus:
-    case KlEstimator::k3_plus: {
-      auto value = forward(estimator == KlEstimator::k1_plus ? KlEstimator::k1 : KlEstimator::k3);
+    case KLEstimator::k1_plus:
+    case KLEstimator::k3_plus: {
+      auto value = forward(estimator == KLEstimator::k1_plus ? KLEstimator::k1 : KLEstimator::k3);
       auto grad_path = 0.5 * d.square();
       return grad_path - grad_path.detach() + value.detach();
     }
@@ -88,7 +65,7 @@ enum class KlEstimator {
 }
 
 /// Result of apply_kl_penalty.
-struct KlPenaltyResult {
+struct KLPenaltyResult {
   at::Tensor token_level_rewards;  ///< scores − coef · KL · mask, [batch, T]
   at::Tensor kl;                   ///< the masked per-token KL, [batch, T]
   at::Tensor mean_kl;              ///< batch mean of per-sequence masked-mean KL (0-d), for the controller
@@ -96,12 +73,12 @@ struct KlPenaltyResult {
 
 /// KL in the reward (verl `apply_kl_penalty`): rewards = scores − coef · kl_penalty(old, ref) · mask.
 /// `mean_kl` is the mean over sequences of each sequence's masked-mean KL; feed it (and the batch
-/// size) to KlController::update. No gradient flows (these are rollout-time quantities).
-[[nodiscard]] inline KlPenaltyResult apply_kl_penalty(const at::Tensor& token_level_scores,
+/// size) to KLController::update. No gradient flows (these are rollout-time quantities).
+[[nodiscard]] inline KLPenaltyResult apply_kl_penalty(const at::Tensor& token_level_scores,
                                                       const at::Tensor& old_logp,
                                                       const at::Tensor& ref_logp,
                                                       const at::Tensor& mask, double kl_coef,
-                                                      KlEstimator estimator = KlEstimator::k1) {
+                                                      KLEstimator estimator = KLEstimator::k1) {
   constexpr std::string_view fn = "apply_kl_penalty";
   detail::check_dims(fn, "token_level_scores", token_level_scores, 2);
   detail::check_same_shape(fn, "token_level_scores", token_level_scores, "old_logp", old_logp);
@@ -116,42 +93,44 @@ struct KlPenaltyResult {
 }
 
 /// Whether the KL coefficient is constant or adapted toward a target KL.
-enum class KlControl { fixed, adaptive };
+enum class KLControl { fixed, adaptive };
+HYBRIDRL_ENUM_NAMES(KLControl, fixed, adaptive);
 
 /// Options of the KL coefficient controller (verl `algorithm.kl_ctrl`, same defaults).
-struct KlControlOptions {
+struct KLControlOptions {
   /// fixed: the coefficient stays `kl_coef`; adaptive: it tracks `target_kl`.
-  HYBRIDRL_ARG(KlControl, type) = KlControl::fixed;
+  HYBRIDRL_ARG(KLControl, type) = KLControl::fixed;
   /// Initial (or constant) KL coefficient β.
   HYBRIDRL_ARG(double, kl_coef) = 0.001;
   /// Adaptive only: the KL the controller steers toward.
   HYBRIDRL_ARG(double, target_kl) = 0.1;
   /// Adaptive only: samples over which the coefficient may change by at most ±20 %.
   HYBRIDRL_ARG(double, horizon) = 10000;
+  HYBRIDRL_FIELDS(type, kl_coef, target_kl, horizon)
 
   /// Throws hybridrl::Error for a negative or non-finite coefficient, target or horizon.
   void validate() const {
-    detail::check_finite_option("kl_ctrl.kl_coef", kl_coef_);
-    detail::check_finite_option("kl_ctrl.target_kl", target_kl_);
-    detail::check_finite_option("kl_ctrl.horizon", horizon_);
-    HYBRIDRL_CHECK(kl_coef_ >= 0, fmt::format("kl_ctrl.kl_coef = {} is negative", kl_coef_),
+    detail::check_finite_option("kl_coef", kl_coef_);
+    detail::check_finite_option("target_kl", target_kl_);
+    detail::check_finite_option("horizon", horizon_);
+    HYBRIDRL_CHECK(kl_coef_ >= 0, fmt::format("kl_coef = {} is negative", kl_coef_),
                    "use a KL coefficient >= 0 (0 disables the penalty)");
-    HYBRIDRL_CHECK(type_ == KlControl::fixed || target_kl_ > 0,
-                   fmt::format("kl_ctrl.target_kl = {} must be > 0 for the adaptive controller",
+    HYBRIDRL_CHECK(type_ == KLControl::fixed || target_kl_ > 0,
+                   fmt::format("target_kl = {} must be > 0 for the adaptive controller",
                                target_kl_),
                    "set a positive target KL, e.g. 0.1");
-    HYBRIDRL_CHECK(type_ == KlControl::fixed || horizon_ > 0,
-                   fmt::format("kl_ctrl.horizon = {} must be > 0 for the adaptive controller",
+    HYBRIDRL_CHECK(type_ == KLControl::fixed || horizon_ > 0,
+                   fmt::format("horizon = {} must be > 0 for the adaptive controller",
                                horizon_),
                    "set a positive horizon, e.g. 10000");
   }
 };
 
 /// A constant KL coefficient (verl FixedKLController).
-class FixedKlController {
+class FixedKLController {
  public:
   /// Holds `kl_coef` forever.
-  explicit FixedKlController(double kl_coef) : value_(kl_coef) {}
+  explicit FixedKLController(double kl_coef) : value_(kl_coef) {}
   /// The current coefficient β.
   [[nodiscard]] double value() const noexcept { return value_; }
   /// No-op: a fixed coefficient ignores the observed KL.
@@ -163,10 +142,10 @@ class FixedKlController {
 
 /// Adaptive KL coefficient (verl AdaptiveKLController, Ziegler et al. 2019):
 /// e = clip(KL/target − 1, −0.2, 0.2);  β ← β · (1 + e · n_steps / horizon).
-class AdaptiveKlController {
+class AdaptiveKLController {
  public:
   /// Starts at `init_kl_coef` and steers toward `target_kl` over `horizon` samples.
-  AdaptiveKlController(double init_kl_coef, double target_kl, double horizon)
+  AdaptiveKLController(double init_kl_coef, double target_kl, double horizon)
       : value_(init_kl_coef), target_(target_kl), horizon_(horizon) {}
   /// The current coefficient β.
   [[nodiscard]] double value() const noexcept { return value_; }
@@ -180,11 +159,11 @@ class AdaptiveKlController {
   double value_, target_, horizon_;
 };
 
-/// The controller chosen by KlControlOptions: fixed or adaptive, behind one interface.
-class KlController {
+/// The controller chosen by KLControlOptions: fixed or adaptive, behind one interface.
+class KLController {
  public:
   /// Validates `options` and builds the controller they describe.
-  explicit KlController(const KlControlOptions& options = {})
+  explicit KLController(const KLControlOptions& options = {})
       : impl_(make(options)) {}
   /// The current coefficient β.
   [[nodiscard]] double value() const {
@@ -196,13 +175,13 @@ class KlController {
   }
 
  private:
-  using Impl = std::variant<FixedKlController, AdaptiveKlController>;
-  static Impl make(const KlControlOptions& o) {
+  using Impl = std::variant<FixedKLController, AdaptiveKLController>;
+  static Impl make(const KLControlOptions& o) {
     o.validate();
-    if (o.type() == KlControl::adaptive) {
-      return AdaptiveKlController(o.kl_coef(), o.target_kl(), o.horizon());
+    if (o.type() == KLControl::adaptive) {
+      return AdaptiveKLController(o.kl_coef(), o.target_kl(), o.horizon());
     }
-    return FixedKlController(o.kl_coef());
+    return FixedKLController(o.kl_coef());
   }
   Impl impl_;
 };

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "hybridrl/algorithm/concepts.hpp"
 #include "hybridrl/core/concepts.hpp"
 #include "hybridrl/core/policy.hpp"
 #include "hybridrl/data/concepts.hpp"
@@ -68,7 +69,7 @@ enum class TrainerRule {
   // an axis template used with a tag it has no specialization for: that template already spoke
   unspecialized_tag,
   // (d) a policy missing a requirement names it
-  algorithm_named, algorithm_traits, algorithm_loss, algorithm_advantages, algorithm_value_loss,
+  algorithm_named, algorithm_traits, algorithm_base, algorithm_loss, algorithm_advantages, algorithm_value_loss,
   sharding_named, sharding_traits, sharding_forward, sharding_training, sharding_state, sharding_export,
   rollout_named, rollout_traits, rollout_generate, rollout_weights, rollout_memory, rollout_stats,
   loader_named, loader_traits, loader_plan_epoch, loader_check_data, loader_options,
@@ -87,6 +88,8 @@ consteval TrainerRule algorithm_rule() {
     return TrainerRule::algorithm_named;
   } else if constexpr (!algorithm_traits<A>) {
     return TrainerRule::algorithm_traits;
+  } else if constexpr (!has_state_hook<A> || !has_step_hooks<A> || !has_key_declarations<A>) {
+    return TrainerRule::algorithm_base;
   } else if constexpr (!has_loss_hook<A>) {
     return TrainerRule::algorithm_loss;
   } else if constexpr (is_online_v<A> && !has_advantage_hook<A>) {
@@ -269,18 +272,24 @@ struct trainer_rules {
                 "hybridrl: the Algorithm policy must declare `static constexpr DataKind data_kind`, "
                 "`static constexpr bool needs_critic` and `static constexpr bool needs_reference`. "
                 "See docs/extending.md.");
+  static_assert(broken != TrainerRule::algorithm_base,
+                "hybridrl: the Algorithm policy lacks the hooks every algorithm has (state_type, "
+                "make_state, uses_reference, prepare_mini_batch, after_step and the key "
+                "declarations). Derive it from hybridrl::algorithm_base<YourTag, YourOptions, "
+                "DataKind::...>, which supplies them all (docs/extending.md).");
   static_assert(broken != TrainerRule::algorithm_loss,
                 "hybridrl: the Algorithm policy is missing the hook `static LossOutput loss(const "
-                "TensorBatch&, const options_type&, const LossScale&)`. Add it to your "
-                "Algorithm<YourTag> specialization (docs/extending.md).");
+                "TensorBatch&, const options_type&, const state_type&, const LossCounts&)`. Add it "
+                "to your Algorithm<YourTag> specialization (docs/extending.md).");
   static_assert(broken != TrainerRule::algorithm_advantages,
                 "hybridrl: an online Algorithm (data_kind = DataKind::prompts) is missing the hook "
-                "`static void compute_advantages(TensorBatch&, const options_type&)`. Add it, or "
-                "declare a different data_kind for an offline algorithm (docs/extending.md).");
+                "`static void compute_advantages(TensorBatch&, const options_type&, state_type&)`. "
+                "Add it, or declare a different data_kind for an offline algorithm "
+                "(docs/extending.md).");
   static_assert(broken != TrainerRule::algorithm_value_loss,
                 "hybridrl: an Algorithm with needs_critic = true is missing the hook `static "
-                "LossOutput value_loss(const TensorBatch&, const options_type&, const LossScale&)`. "
-                "Add it, or set needs_critic = false (docs/extending.md).");
+                "LossOutput value_loss(const TensorBatch&, const options_type&, const state_type&, "
+                "const LossCounts&)`. Add it, or set needs_critic = false (docs/extending.md).");
 
   static_assert(broken != TrainerRule::sharding_named,
                 "hybridrl: the Sharding policy must declare `using tag = YourTag;`, "
