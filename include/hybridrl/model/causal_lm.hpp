@@ -113,12 +113,14 @@ TORCH_MODULE(CausalLM);
 class ValueModelImpl : public torch::nn::Module {
  public:
   /// A randomly initialised critic for `c` (score: normal(0, initializer_range), bias 0, as HF).
+  /// Under a sharded `pc` construction is collective: score is broadcast from tp rank 0.
   explicit ValueModelImpl(const ModelConfig& c, const ParallelContext& pc = {}) {
     model = register_module("model", Decoder(c, pc));
     score = register_module("score", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, 1).bias(true)));
     c10::NoGradGuard no_grad;
     score->weight.normal_(0.0, c.initializer_range);
     score->bias.zero_();
+    if (pc.sharded()) pc.tp->broadcast(score->weight, 0);  // replicated: every rank holds rank 0's draw
   }
   /// Values [B, T] (fp32) of every position; see ForwardArgs.
   at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args = {}) {
