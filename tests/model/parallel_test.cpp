@@ -107,7 +107,7 @@ TEST_SUITE("model/parallel") {
           // a trainable shard filled from the full weights
           CausalLM shard(c, pc);
           shard->to(at::kDouble);
-          detail::copy_parameters(*shard, *full, pc);
+          hybridrl::detail::copy_parameters(*shard, *full, pc);
           shard->train();
           out.logits = gather_vocab(shard->forward(ids, args).detach(), comm);
           auto lp = token_log_probs(shard, ids, args, lpo);

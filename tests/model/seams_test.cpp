@@ -146,13 +146,13 @@ TEST_SUITE("model/layer_runner") {
     m->model->set_layer_runner(autocast_runner(at::kBFloat16, probe));
     auto mixed = m->forward(ids);
     REQUIRE(seen.size() == 2);
-    CHECK(seen[0] == at::kBFloat16);
-    CHECK(seen[1] == at::kBFloat16);
-    CHECK(mixed.scalar_type() == at::kFloat);  // lm_head outside the runner: fp32 weights, fp32 logits
+    CHECK((seen[0] == at::kBFloat16));
+    CHECK((seen[1] == at::kBFloat16));
+    CHECK((mixed.scalar_type() == at::kFloat));  // lm_head outside the runner: fp32 weights, fp32 logits
     const double d = max_diff(mixed, fp32), scale = fp32.abs().max().item<double>();
     CHECK(d > 0.0);              // autocast really ran in bf16
     CHECK(d < 0.05 * scale);     // ... and within bf16's noise (8 mantissa bits, a few layers)
-    CHECK_FALSE(detail::compat::AutocastGuard::enabled(at::kCPU));  // the guard restored the state
+    CHECK_FALSE(hybridrl::detail::compat::AutocastGuard::enabled(at::kCPU));  // the guard restored the state
   }
 }
 
@@ -221,9 +221,13 @@ TEST_SUITE("model/log_probs") {
     auto out = m->forward(row, ForwardArgs{}.cu_seqlens(cu).position_ids(pos));
     CHECK(max_diff(out[0].narrow(0, 0, 4), alone_a[0]) < 1e-5);
     CHECK(max_diff(out[0].narrow(0, 4, 3), alone_b[0]) < 1e-5);
-    // shifted positions change the logits (so position_ids is really used)
+    // a uniform shift leaves rotary attention unchanged (only relative positions matter), other
+    // positions change the logits: so position_ids is really what the rotary tables use
     auto shifted = m->forward(a, ForwardArgs{}.position_ids(torch::arange(3, 7).view({1, 4})));
-    CHECK(max_diff(shifted, alone_a) > 1e-3);
+    CHECK(max_diff(shifted, alone_a) < 1e-4);
+    auto spread = m->forward(a, ForwardArgs{}.position_ids(torch::tensor({{0, 2, 5, 6}}, at::kLong)));
+    CHECK(max_diff(spread.select(1, 0), alone_a.select(1, 0)) < 1e-5);  // the first token sees only itself
+    CHECK(max_diff(spread, alone_a) > 1e-3);
     // attention_mask on top of cu_seqlens: masking b's middle token equals b without it attended
     auto am = torch::ones({1, 8}, at::kLong);
     am[0][5] = 0;

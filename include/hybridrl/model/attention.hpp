@@ -33,7 +33,8 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
   at::Tensor m = mask;
   if (causal) m = m.defined() ? m.logical_and(causal_mask()) : causal_mask();
   if (m.defined()) scores = scores.masked_fill(m.logical_not(), -std::numeric_limits<float>::infinity());
-  return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
+  // softmax in fp32 at least (double stays double)
+  return at::matmul(at::softmax(scores, -1, at::promote_types(q.scalar_type(), at::kFloat)).to(q.scalar_type()), v);
 #endif
 }
 

@@ -68,10 +68,13 @@ inline at::Tensor log_prob_columns(const at::Tensor& l, const at::Tensor& lab, b
     auto entropy = at::logsumexp(l, -1, true) - (logp.exp() * l).sum(-1, true);
     return at::cat({out, entropy}, -1);
   }
-  // vocabulary-parallel: logZ = log Σ_ranks Σ_v exp(l - M) + M with M the global max
+  // vocabulary-parallel: logZ = log S + M with S = Σ_ranks Σ_v exp(l - M) and M the global max
+  // (a constant: its gradient cancels). Local terms use only M and the local logits; everything
+  // after an all-reduce is replicated, so the all-reduces pass gradients through unchanged.
   auto m = std::get<0>(l.detach().max(-1, true)).contiguous();
   pc.tp->all_reduce(m, ReduceOp::max);
-  auto sum = reduce_from_tp(at::exp(l - m).sum(-1, true), pc);
+  auto e = at::exp(l - m);
+  auto sum = reduce_from_tp(e.sum(-1, true), pc);
   auto logz = at::log(sum) + m;
   const auto n = l.size(-1);
   auto local = lab - vocab_start;
@@ -79,8 +82,9 @@ inline at::Tensor log_prob_columns(const at::Tensor& l, const at::Tensor& lab, b
   auto target = reduce_from_tp(l.gather(-1, local.clamp(0, n - 1)) * mine.to(l.scalar_type()), pc);
   auto out = target - logz;
   if (!ent) return out;
-  auto expected = reduce_from_tp((at::exp(l - logz) * l).sum(-1, true), pc);
-  return at::cat({out, logz - expected}, -1);
+  // entropy = logZ - E_p[l], E_p[l] = Σ_ranks Σ_v exp(l - M) l / S
+  auto weighted = reduce_from_tp((e * l).sum(-1, true), pc);
+  return at::cat({out, logz - weighted / sum}, -1);
 }
 
 /// log-probs of `labels` (and entropies) from `hidden` [B, T, hidden] through the output matrix
