@@ -221,6 +221,9 @@ TEST_SUITE("model/log_probs") {
     auto out = m->forward(row, ForwardArgs{}.cu_seqlens(cu).position_ids(pos));
     CHECK(max_diff(out[0].narrow(0, 0, 4), alone_a[0]) < 1e-5);
     CHECK(max_diff(out[0].narrow(0, 4, 3), alone_b[0]) < 1e-5);
+    // one sequence as [T] with a [T] mask and positions
+    auto flat = m->forward(a[0], ForwardArgs{}.attention_mask(torch::ones({4}, at::kLong)).position_ids(torch::arange(4)));
+    CHECK(max_diff(flat, alone_a) < 1e-6);
     // a uniform shift leaves rotary attention unchanged (only relative positions matter), other
     // positions change the logits: so position_ids is really what the rotary tables use
     auto shifted = m->forward(a, ForwardArgs{}.position_ids(torch::arange(3, 7).view({1, 4})));

@@ -126,10 +126,15 @@ class DecoderImpl : public torch::nn::Module {
                    "pass token ids [B, T] (or [T] for one sequence)");
     const auto B = ids.size(0), T = ids.size(1);
     const auto dev = ids.device();
-    check_shape(args.attention_mask(), B, T, "attention_mask");
-    check_shape(args.position_ids(), B, T, "position_ids");
-    at::Tensor key_valid = args.attention_mask().defined() ? args.attention_mask().to(dev).to(at::kBool) : at::Tensor();
-    at::Tensor pos = args.position_ids().defined() ? args.position_ids().to(dev).to(at::kLong) : at::Tensor();
+    // one sequence given as [T]: its mask and positions may be [T] too
+    auto as_rows = [&](const at::Tensor& t) {
+      return t.defined() && t.dim() == 1 && input_ids.dim() == 1 ? t.unsqueeze(0) : t;
+    };
+    const auto am = as_rows(args.attention_mask()), pp = as_rows(args.position_ids());
+    check_shape(am, B, T, "attention_mask");
+    check_shape(pp, B, T, "position_ids");
+    at::Tensor key_valid = am.defined() ? am.to(dev).to(at::kBool) : at::Tensor();
+    at::Tensor pos = pp.defined() ? pp.to(dev).to(at::kLong) : at::Tensor();
     at::Tensor seg;
     if (args.cu_seqlens().defined()) {
       auto cu = args.cu_seqlens().to(dev).to(at::kLong);
