@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "hybridrl/model/model.hpp"
+#include "hybridrl/rollout/naive/dense_kv_cache.hpp"
 
 using namespace hybridrl;
 
@@ -29,7 +30,7 @@ void BM_Model_ForwardBackward(benchmark::State& state) {
   at::set_num_threads(1);
   CausalLM m(test_config());
   m->train();
-  m->set_gradient_checkpointing(state.range(2) != 0);
+  if (state.range(2) != 0) m->model->set_layer_runner(activation_checkpoint_runner());
   const auto B = state.range(0), T = state.range(1);
   auto ids = torch::randint(0, 320, {B, T});
   for (auto _ : state) {
@@ -58,7 +59,7 @@ void BM_Model_LogProbsBackward(benchmark::State& state) {
   const auto B = state.range(0), T = state.range(1);
   auto ids = torch::randint(0, 320, {B, T});
   for (auto _ : state) {
-    auto lp = m->token_log_probs(ids, {}, LogProbOptions{}.chunk_size(state.range(2)));
+    auto lp = token_log_probs(m, ids, {}, LogProbOptions{}.chunk_size(state.range(2)));
     auto loss = -(lp.log_probs.mean() + 0.01 * lp.entropy.mean());
     loss.backward();
     benchmark::DoNotOptimize(loss.item<float>());
@@ -80,10 +81,10 @@ void BM_Model_DecodeDenseCache(benchmark::State& state) {
   auto prompt = torch::randint(0, 320, {B, P});
   for (auto _ : state) {
     auto cache = KvCache::allocate(c, B, P + N, at::TensorOptions().dtype(at::kFloat));
-    auto logits = m->forward_decode(prompt, cache);
+    auto logits = forward_decode(m, prompt, cache);
     for (int64_t t = 0; t < N; ++t) {
       auto next = logits.select(1, logits.size(1) - 1).argmax(-1, true);
-      logits = m->forward_decode(next, cache);
+      logits = forward_decode(m, next, cache);
     }
     benchmark::DoNotOptimize(logits.data_ptr());
   }

@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "hybridrl/model/model.hpp"
+#include "hybridrl/rollout/naive/dense_kv_cache.hpp"
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
@@ -181,11 +182,11 @@ TEST_SUITE("model/forward_modes") {
       auto ids = torch::randint(0, c.vocab_size, {2, T});
       auto full = m->forward(ids);
       auto cache = KvCache::allocate(c, 2, T, at::TensorOptions().dtype(at::kFloat));
-      auto first = m->forward_decode(ids.narrow(1, 0, 3), cache);  // prefill 3
+      auto first = forward_decode(m, ids.narrow(1, 0, 3), cache);  // prefill 3
       CHECK(cache.length == 3);
       CHECK(max_diff(first, full.narrow(1, 0, 3)) < 1e-5);
       for (int64_t t = 3; t < T; ++t) {
-        auto step = m->forward_decode(ids.narrow(1, t, 1), cache);
+        auto step = forward_decode(m, ids.narrow(1, t, 1), cache);
         CHECK(max_diff(step.squeeze(1), full.select(1, t)) < 1e-5);
       }
       // left-padded prompt: the mask covers cache + new tokens, positions follow the mask
@@ -194,9 +195,9 @@ TEST_SUITE("model/forward_modes") {
       auto mask = torch::zeros({1, T}, at::kLong);
       mask[0].narrow(0, 2, T - 2).fill_(1);
       auto c1 = KvCache::allocate(c, 1, T, at::TensorOptions().dtype(at::kFloat));
-      m->forward_decode(pid.narrow(1, 0, 5), c1, ForwardArgs{}.attention_mask(mask.narrow(1, 0, 5)));
+      forward_decode(m, pid.narrow(1, 0, 5), c1, ForwardArgs{}.attention_mask(mask.narrow(1, 0, 5)));
       for (int64_t t = 5; t < T; ++t) {
-        auto step = m->forward_decode(pid.narrow(1, t, 1), c1, ForwardArgs{}.attention_mask(mask.narrow(1, 0, t + 1)));
+        auto step = forward_decode(m, pid.narrow(1, t, 1), c1, ForwardArgs{}.attention_mask(mask.narrow(1, 0, t + 1)));
         CHECK(max_diff(step[0][0], full[0][t - 2]) < 1e-5);
       }
     }
@@ -208,7 +209,10 @@ TEST_SUITE("model/forward_modes") {
     m->train();
     torch::manual_seed(9);
     auto ids = torch::randint(0, c.vocab_size, {2, 9});
-    auto lp = m->token_log_probs(ids, {}, LogProbOptions{}.chunk_size(3));
+    auto lp = token_log_probs(m, ids, {}, LogProbOptions{}.chunk_size(3));
+    REQUIRE((lp.log_probs.sizes() == ids.sizes()));  // aligned with input_ids, column 0 = 0
+    CHECK(lp.log_probs.select(1, 0).abs().max().item<double>() == 0.0);
+    CHECK(lp.entropy.select(1, 0).abs().max().item<double>() == 0.0);
     auto loss = lp.log_probs.sum() + 0.3 * lp.entropy.sum();
     loss.backward();
     std::vector<at::Tensor> g1;
@@ -220,15 +224,15 @@ TEST_SUITE("model/forward_modes") {
     auto logp = logits.log_softmax(-1);
     auto want = logp.gather(-1, ids.narrow(1, 1, 8).unsqueeze(-1)).squeeze(-1);
     auto ent = -(logp.exp() * logp).sum(-1);
-    CHECK(max_diff(lp.log_probs, want) < 1e-10);
-    CHECK(max_diff(lp.entropy, ent) < 1e-10);
+    CHECK(max_diff(lp.log_probs.narrow(1, 1, 8), want) < 1e-10);
+    CHECK(max_diff(lp.entropy.narrow(1, 1, 8), ent) < 1e-10);
     (want.sum() + 0.3 * ent.sum()).backward();
     auto params = m->parameters();
     for (size_t i = 0; i < params.size(); ++i) CHECK(max_diff(params[i].grad(), g1[i]) < 1e-10);
     // temperature divides the logits
-    auto lt = m->token_log_probs(ids, {}, LogProbOptions{}.chunk_size(4).temperature(0.7).with_entropy(false));
+    auto lt = token_log_probs(m, ids, {}, LogProbOptions{}.chunk_size(4).temperature(0.7).with_entropy(false));
     auto want_t = (logits / 0.7).log_softmax(-1).gather(-1, ids.narrow(1, 1, 8).unsqueeze(-1)).squeeze(-1);
-    CHECK(max_diff(lt.log_probs, want_t) < 1e-10);
+    CHECK(max_diff(lt.log_probs.narrow(1, 1, 8), want_t) < 1e-10);
     CHECK_FALSE(lt.entropy.defined());
   }
 
@@ -242,7 +246,7 @@ TEST_SUITE("model/forward_modes") {
       auto mask = torch::ones({2, 6}, at::kLong);
       mask[1][0] = 0;
       auto run = [&](bool ckpt) {
-        m->set_gradient_checkpointing(ckpt);
+        m->model->set_layer_runner(ckpt ? activation_checkpoint_runner() : default_layer_runner());
         for (auto& p : m->parameters()) p.mutable_grad() = at::Tensor();
         auto out = m->forward(ids, ForwardArgs{}.attention_mask(mask));
         (out.pow(2).mean() + out.select(1, 5).sum()).backward();
@@ -261,7 +265,7 @@ TEST_SUITE("model/forward_modes") {
     auto w = torch::randn({3, 3}, torch::requires_grad());
     auto x = torch::randn({2, 3}, torch::requires_grad());
     auto f = [w](const at::Tensor& v) { return torch::tanh(v.matmul(w)).pow(2); };
-    auto y = checkpoint(f, x, {w});
+    auto y = activation_checkpoint(f, x, {w});
     y.sum().backward();
     auto gx = x.grad().clone(), gw = w.grad().clone();
     x.mutable_grad().zero_();

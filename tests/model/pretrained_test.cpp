@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "hybridrl/model/model.hpp"
+#include "hybridrl/rollout/naive/dense_kv_cache.hpp"
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using namespace hybridrl;
@@ -138,10 +139,10 @@ FixtureDiffs compare_with_hf(CausalLM& m, const std::map<std::string, at::Tensor
   }
   // decode: prefill 5 tokens, then one at a time
   auto cache = KvCache::allocate(m->config(), ids.size(0), ids.size(1), m->parameters().front().options());
-  auto first = m->forward_decode(ids.narrow(1, 0, 5), cache).to(at::kFloat);
+  auto first = forward_decode(m, ids.narrow(1, 0, 5), cache).to(at::kFloat);
   d.decode = max_diff(first, want.narrow(1, 0, 5));
   for (int64_t t = 5; t < ids.size(1); ++t) {
-    auto step = m->forward_decode(ids.narrow(1, t, 1), cache).to(at::kFloat);
+    auto step = forward_decode(m, ids.narrow(1, t, 1), cache).to(at::kFloat);
     d.decode = std::max(d.decode, max_diff(step.squeeze(1), want.select(1, t)));
   }
   return d;

@@ -5,19 +5,18 @@
 ///
 /// - HYBRIDRL_TORCH_MAJOR / HYBRIDRL_TORCH_MINOR: the LibTorch version the code is compiled against.
 /// - HYBRIDRL_HAS_SDPA: at::scaled_dot_product_attention (fused flash / memory-efficient kernels)
-///   exists (LibTorch >= 2.0). Without it, attention is computed with plain matmul + softmax.
+///   exists (LibTorch >= 2.0). Without it model/attention.hpp computes plain matmul + softmax.
 /// - c10d (ProcessGroup on 1.13, Backend on 2.x; USE_C10D_GLOO / USE_C10D_NCCL) is handled in
 ///   distributed/c10d_communicator.hpp, the one header that includes c10d.
 /// - compat::cuda_memory(device): allocated / reserved / peak bytes of the caching allocator,
 ///   whose stats types moved namespaces between versions.
-/// - compat::AutocastGuard(device_type, dtype): RAII autocast on CUDA; the autocast calls became
-///   per-device-type in LibTorch 2.4.
+/// - compat::AutocastGuard(device_type, dtype): RAII autocast on CUDA or CPU; the autocast calls
+///   became per-device-type in LibTorch 2.4.
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
 #include <cstdint>
-#include <limits>
 
 #define HYBRIDRL_TORCH_MAJOR TORCH_VERSION_MAJOR
 #define HYBRIDRL_TORCH_MINOR TORCH_VERSION_MINOR
@@ -54,35 +53,6 @@ inline CudaMemory cuda_memory([[maybe_unused]] int index) {
 #endif
 }
 
-/// Scaled dot-product attention: the fused kernels of LibTorch >= 2, plain math on 1.13.
-/// q, k, v: [batch, heads, seq, head_dim]; `mask` is a boolean "may attend" mask broadcastable to
-/// [batch, heads, q_len, k_len], or undefined for none; `causal` adds the causal mask.
-inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v, const at::Tensor& mask,
-                                               bool causal, double scale) {
-#if HYBRIDRL_HAS_SDPA
-  if (!mask.defined()) {
-    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal, scale);
-  }
-  at::Tensor m = mask;
-  if (causal) {
-    const auto ql = q.size(-2), kl = k.size(-2);
-    m = m.logical_and(at::ones({ql, kl}, q.options().dtype(at::kBool)).tril(kl - ql));
-  }
-  return at::scaled_dot_product_attention(q, k, v, m, 0.0, false, scale);
-#else
-  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;
-  at::Tensor m = mask;
-  if (causal) {
-    const auto ql = q.size(-2), kl = k.size(-2);
-    auto c = at::ones({ql, kl}, q.options().dtype(at::kBool)).tril(kl - ql);
-    m = m.defined() ? m.logical_and(c) : c;
-  }
-  if (m.defined()) scores = scores.masked_fill(m.logical_not(), -std::numeric_limits<float>::infinity());
-  return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
-#endif
-}
-
 }  // namespace hybridrl::detail::compat
 
 // ---- autocast (mixed precision) ------------------------------------------------------------------
@@ -90,24 +60,17 @@ inline at::Tensor scaled_dot_product_attention(const at::Tensor& q, const at::Te
 
 namespace hybridrl::detail::compat {
 
-/// RAII: enables autocast to `dtype` on CUDA for its lifetime and restores the previous state.
-/// A no-op for other device types. LibTorch >= 2.4 has per-device-type calls; older versions have
-/// CUDA-only ones.
+/// RAII: enables autocast to `dtype` on CUDA or CPU for its lifetime and restores the previous
+/// state. A no-op for other device types. LibTorch >= 2.4 has per-device-type calls; older versions
+/// have separate CUDA ("gpu") and CPU ones.
 class AutocastGuard {
  public:
-  AutocastGuard(at::DeviceType device, at::ScalarType dtype) : active_(device == at::kCUDA) {
+  AutocastGuard(at::DeviceType device, at::ScalarType dtype)
+      : device_(device), active_(device == at::kCUDA || device == at::kCPU) {
     if (!active_) return;
-#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
-    prev_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
-    prev_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-#else
-    prev_enabled_ = at::autocast::is_enabled();
-    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(dtype);
-#endif
+    prev_enabled_ = enabled(device_);
+    prev_dtype_ = get_dtype(device_);
+    set(device_, true, dtype);
     at::autocast::increment_nesting();
   }
   AutocastGuard(const AutocastGuard&) = delete;
@@ -115,16 +78,42 @@ class AutocastGuard {
   ~AutocastGuard() {
     if (!active_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    set(device_, prev_enabled_, prev_dtype_);
+  }
+
+  /// Whether autocast is on for `device` (kCUDA or kCPU).
+  static bool enabled(at::DeviceType device) {
 #if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, prev_enabled_);
-    at::autocast::set_autocast_dtype(at::kCUDA, prev_dtype_);
+    return at::autocast::is_autocast_enabled(device);
 #else
-    at::autocast::set_enabled(prev_enabled_);
-    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    return device == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
 #endif
   }
 
  private:
+  static at::ScalarType get_dtype(at::DeviceType device) {
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
+    return at::autocast::get_autocast_dtype(device);
+#else
+    return device == at::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+#endif
+  }
+  static void set(at::DeviceType device, bool on, at::ScalarType dtype) {
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
+    at::autocast::set_autocast_enabled(device, on);
+    at::autocast::set_autocast_dtype(device, dtype);
+#else
+    if (device == at::kCUDA) {
+      at::autocast::set_enabled(on);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      at::autocast::set_cpu_enabled(on);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+#endif
+  }
+
+  at::DeviceType device_;
   bool active_;
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;

@@ -4,9 +4,10 @@
 /// `modeling_llama.py` / `modeling_qwen2.py`: RMSNorm, rotary embeddings (with llama3 / linear
 /// frequency scaling), the SwiGLU MLP, grouped-query attention with optional q/k/v bias, and the
 /// pre-norm decoder layer. Submodules carry HF's names so parameter names equal HF tensor names.
+/// Built with a ParallelContext (model/parallel.hpp), attention holds num_heads / tp_size query
+/// heads and the MLP intermediate_size / tp_size features; at tp_size 1 they are the full layers.
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <cmath>
@@ -16,8 +17,9 @@
 #include <numbers>
 #include <utility>
 
-#include "hybridrl/detail/compat.hpp"
+#include "hybridrl/model/attention.hpp"
 #include "hybridrl/model/config.hpp"
+#include "hybridrl/model/parallel.hpp"
 
 namespace hybridrl {
 
@@ -78,34 +80,36 @@ inline at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const a
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
-/// What every layer of one forward shares: the rotary tables and the attention mask.
-struct LayerContext {
-  at::Tensor cos, sin;  ///< [B, T, head_dim] in the compute dtype
-  at::Tensor mask;      ///< bool "may attend" [B, 1, Tq, Tk], or undefined for plain causal
-  bool causal = true;   ///< add the causal mask inside attention (only when `mask` is undefined)
-};
-
 /// Attention over keys/values the caller provides: (layer index, q [B,H,T,D], k, v [B,Hkv,T,D]
 /// after rotary) → [B, H, T, D]. The KV-cache entry point of the rollout: it stores k/v where it
 /// likes (dense or paged) and attends over the cache.
 using AttentionFn = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v)>;
 
+/// What every layer of one forward shares: the rotary tables, the attention mask and, for KV-cache
+/// decoding, who does the attention.
+struct LayerContext {
+  at::Tensor cos, sin;     ///< [B, T, head_dim] in the compute dtype
+  at::Tensor mask;         ///< bool "may attend" [B, 1, Tq, Tk], or undefined for plain causal
+  bool causal = true;      ///< add the causal mask inside attention (only when `mask` is undefined)
+  AttentionFn attention;   ///< when set, the caller's attention (KV cache) replaces `attend`
+};
+
 /// Grouped-query self-attention with rotary embeddings; q/k/v bias for Qwen2 (or Llama
 /// `attention_bias`). Parameters: q_proj, k_proj, v_proj, o_proj as in HF.
 class AttentionImpl : public torch::nn::Module {
  public:
-  /// Projections sized from `c`.
-  explicit AttentionImpl(const ModelConfig& c)
-      : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  /// Projections sized from `c`; with a sharded `pc`, this rank's heads only.
+  explicit AttentionImpl(const ModelConfig& c, const ParallelContext& pc = {})
+      : heads_(detail::tp_local_size(c.num_attention_heads, pc, "num_attention_heads")),
+        kv_heads_(detail::tp_local_size(c.num_key_value_heads, pc, "num_key_value_heads")),
+        head_dim_(c.head_dim) {
     const bool qkv_bias = c.qkv_bias || c.attention_bias;
-    auto lin = [](int64_t in, int64_t out, bool bias) {
-      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-    };
-    q_proj = register_module("q_proj", lin(c.hidden_size, heads_ * head_dim_, qkv_bias));
-    k_proj = register_module("k_proj", lin(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-    v_proj = register_module("v_proj", lin(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-    o_proj = register_module("o_proj", lin(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+    const auto H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+    q_proj = register_module("q_proj", ColumnParallelLinear(c.hidden_size, H * D, qkv_bias, pc));
+    k_proj = register_module("k_proj", ColumnParallelLinear(c.hidden_size, Hkv * D, qkv_bias, pc));
+    v_proj = register_module("v_proj", ColumnParallelLinear(c.hidden_size, Hkv * D, qkv_bias, pc));
+    o_proj = register_module("o_proj", RowParallelLinear(H * D, c.hidden_size, c.attention_bias, pc));
   }
 
   /// q [B, H, T, D], k and v [B, Hkv, T, D] of `x` [B, T, hidden], rotary applied to q and k.
@@ -124,8 +128,7 @@ class AttentionImpl : public torch::nn::Module {
     const auto rep = heads_ / kv_heads_;
     auto kk = rep == 1 ? k : k.repeat_interleave(rep, 1);
     auto vv = rep == 1 ? v : v.repeat_interleave(rep, 1);
-    return detail::compat::scaled_dot_product_attention(q, kk, vv, mask, causal,
-                                                        1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    return scaled_dot_product_attention(q, kk, vv, mask, causal, 1.0 / std::sqrt(static_cast<double>(head_dim_)));
   }
 
   /// o_proj of the attention output [B, H, T, D] → [B, T, hidden].
@@ -134,19 +137,21 @@ class AttentionImpl : public torch::nn::Module {
     return o_proj(attn.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
   }
 
-  /// Self-attention of `x` under `ctx`; with `attn_fn` the caller does the attention (KV cache).
-  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0,
-                     const AttentionFn& attn_fn = nullptr) {
+  /// Self-attention of `x` under `ctx` (layer index `layer`); with `ctx.attention` the caller does
+  /// the attention (KV cache).
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0) {
     auto [q, k, v] = project(x, ctx.cos, ctx.sin);
-    auto a = attn_fn ? attn_fn(layer, q, k, v) : attend(q, k, v, ctx.mask, ctx.causal && !ctx.mask.defined());
+    auto a = ctx.attention ? ctx.attention(layer, q, k, v)
+                           : attend(q, k, v, ctx.mask, ctx.causal && !ctx.mask.defined());
     return output(a);
   }
 
-  [[nodiscard]] int64_t num_heads() const noexcept { return heads_; }        ///< query heads
-  [[nodiscard]] int64_t num_kv_heads() const noexcept { return kv_heads_; }  ///< key/value heads
+  [[nodiscard]] int64_t num_heads() const noexcept { return heads_; }        ///< query heads (this rank's)
+  [[nodiscard]] int64_t num_kv_heads() const noexcept { return kv_heads_; }  ///< key/value heads (this rank's)
   [[nodiscard]] int64_t head_dim() const noexcept { return head_dim_; }      ///< per-head size
 
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  ColumnParallelLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr};
+  RowParallelLinear o_proj{nullptr};
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -154,22 +159,21 @@ class AttentionImpl : public torch::nn::Module {
 /// Module holder of AttentionImpl.
 TORCH_MODULE(Attention);
 
-/// SwiGLU feed-forward: `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+/// SwiGLU feed-forward: `down_proj(silu(gate_proj(x)) * up_proj(x))`; gate/up column-parallel,
+/// down row-parallel.
 class MLPImpl : public torch::nn::Module {
  public:
-  /// Projections sized from `c`.
-  explicit MLPImpl(const ModelConfig& c) {
-    auto lin = [&](int64_t in, int64_t out) {
-      return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
-    };
-    gate_proj = register_module("gate_proj", lin(c.hidden_size, c.intermediate_size));
-    up_proj = register_module("up_proj", lin(c.hidden_size, c.intermediate_size));
-    down_proj = register_module("down_proj", lin(c.intermediate_size, c.hidden_size));
+  /// Projections sized from `c`; with a sharded `pc`, this rank's intermediate features only.
+  explicit MLPImpl(const ModelConfig& c, const ParallelContext& pc = {}) {
+    gate_proj = register_module("gate_proj", ColumnParallelLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, pc));
+    up_proj = register_module("up_proj", ColumnParallelLinear(c.hidden_size, c.intermediate_size, c.mlp_bias, pc));
+    down_proj = register_module("down_proj", RowParallelLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, pc));
   }
   /// The MLP of `x` [..., hidden].
   at::Tensor forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
 
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  ColumnParallelLinear gate_proj{nullptr}, up_proj{nullptr};
+  RowParallelLinear down_proj{nullptr};
 };
 /// Module holder of MLPImpl.
 TORCH_MODULE(MLP);
@@ -177,18 +181,17 @@ TORCH_MODULE(MLP);
 /// Pre-norm decoder layer: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  /// A layer sized from `c`.
-  explicit DecoderLayerImpl(const ModelConfig& c) {
-    self_attn = register_module("self_attn", Attention(c));
-    mlp = register_module("mlp", MLP(c));
+  /// A layer sized from `c` (this rank's shard under a sharded `pc`).
+  explicit DecoderLayerImpl(const ModelConfig& c, const ParallelContext& pc = {}) {
+    self_attn = register_module("self_attn", Attention(c, pc));
+    mlp = register_module("mlp", MLP(c, pc));
     input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
     post_attention_layernorm =
         register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   }
-  /// The layer applied to `x` [B, T, hidden].
-  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0,
-                     const AttentionFn& attn_fn = nullptr) {
-    auto h = x + self_attn->forward(input_layernorm(x), ctx, layer, attn_fn);
+  /// The layer (index `layer`) applied to `x` [B, T, hidden].
+  at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0) {
+    auto h = x + self_attn->forward(input_layernorm(x), ctx, layer);
     return h + mlp(post_attention_layernorm(h));
   }
 

@@ -1,8 +1,9 @@
 #pragma once
 /// \file
-/// Activation checkpointing for LibTorch C++ (which has no torch.utils.checkpoint): run a block
+/// Activation checkpointing (recompute in backward) for LibTorch C++ (which has no torch.utils.checkpoint): run a block
 /// without recording its graph, keep only its input, and recompute it with grad in backward.
 /// Gradients equal those of the plain run (the blocks here have no dropout, so no RNG replay).
+/// "Checkpoint" elsewhere in hybridrl means a training checkpoint (save and resume); this is not one.
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -10,6 +11,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
+
+#include "hybridrl/core/error.hpp"
 
 #include <functional>
 #include <memory>
@@ -21,20 +24,20 @@ namespace hybridrl {
 
 /// A block to checkpoint: one tensor in, one tensor out; it may use `params` and captured tensors
 /// that need no gradient (masks, rotary tables).
-using CheckpointFn = std::function<at::Tensor(const at::Tensor&)>;
+using ActivationCheckpointFn = std::function<at::Tensor(const at::Tensor&)>;
 
 namespace detail {
 
-/// The backward node of checkpoint(): recomputes the block and differentiates it.
-struct CheckpointBackward : torch::autograd::Node {
-  CheckpointFn fn;
+/// The backward node of activation_checkpoint(): recomputes the block and differentiates it.
+struct ActivationCheckpointBackward : torch::autograd::Node {
+  ActivationCheckpointFn fn;
   at::Tensor input;                 // detached copy of the block's input
   bool input_requires_grad = false;
   std::vector<at::Tensor> params;   // the block's parameters, in edge order after the input
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    TORCH_CHECK(input.defined(), "hybridrl checkpoint: backward ran twice through one checkpoint "
-                "(call backward with retain_graph only on graphs without checkpointing)");
+    HYBRIDRL_CHECK(input.defined(), "activation_checkpoint: backward ran twice through one checkpointed block",
+                   "call backward with retain_graph only on graphs without activation checkpointing");
     at::AutoGradMode enable(true);
     auto x = input.detach().requires_grad_(input_requires_grad);
     auto y = fn(x);
@@ -62,7 +65,7 @@ struct CheckpointBackward : torch::autograd::Node {
     input.reset();
     fn = nullptr;
   }
-  std::string name() const override { return "hybridrl::CheckpointBackward"; }
+  std::string name() const override { return "hybridrl::ActivationCheckpointBackward"; }
 };
 
 }  // namespace detail
@@ -71,7 +74,7 @@ struct CheckpointBackward : torch::autograd::Node {
 /// backward recomputes `fn` and produces gradients for `x` and `params` equal to a plain run.
 /// Without grad mode (or when nothing requires grad) it is just `fn(x)`. Captured tensors in `fn`
 /// must be captured by value: backward runs after the caller's frame is gone.
-inline at::Tensor checkpoint(const CheckpointFn& fn, const at::Tensor& x,
+inline at::Tensor activation_checkpoint(const ActivationCheckpointFn& fn, const at::Tensor& x,
                              const std::vector<at::Tensor>& params) {
   bool needs = torch::autograd::GradMode::is_enabled() && x.requires_grad();
   if (torch::autograd::GradMode::is_enabled()) {
@@ -83,7 +86,7 @@ inline at::Tensor checkpoint(const CheckpointFn& fn, const at::Tensor& x,
     c10::NoGradGuard no_grad;
     y = fn(x.detach());
   }
-  auto node = std::shared_ptr<detail::CheckpointBackward>(new detail::CheckpointBackward(),
+  auto node = std::shared_ptr<detail::ActivationCheckpointBackward>(new detail::ActivationCheckpointBackward(),
                                                           torch::autograd::deleteNode);
   node->fn = fn;
   node->input = x.detach();

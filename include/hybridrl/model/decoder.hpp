@@ -1,0 +1,211 @@
+#pragma once
+/// \file
+/// The decoder trunk (HF's `LlamaModel`, `model.` in tensor names) and its per-layer runner hook.
+/// A LayerRunner runs one decoder layer; the default calls its forward. Activation checkpointing,
+/// autocast and a sharding engine's gather-before / free-after are wrappers that compose
+/// (`activation_checkpoint_runner(autocast_runner(dtype, fsdp_runner))`): the Decoder has no flags
+/// for them. Sharding engines own the knobs (their options) and install the composed runner.
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/options.hpp"
+#include "hybridrl/detail/compat.hpp"
+#include "hybridrl/model/activation_checkpoint.hpp"
+#include "hybridrl/model/attention.hpp"
+#include "hybridrl/model/config.hpp"
+#include "hybridrl/model/layers.hpp"
+#include "hybridrl/model/parallel.hpp"
+
+namespace hybridrl {
+
+/// Inputs of a forward besides the token ids. All optional:
+/// - attention_mask [B, T] (1 real token, 0 padding), left or right padding;
+/// - position_ids [B, T]; default: `cumsum(mask) - 1` with a mask (so left padding does not shift
+///   positions), restarting at each sequence when packed, else 0..T-1;
+/// - cu_seqlens: packed rows. [R, S+1] int (per-row sequence starts, padded by repeating the row's
+///   end, as Loader<Packed> writes) or [S+1] for a single row. Tokens after the last boundary, or
+///   with attention_mask 0, are padding. May be combined with attention_mask (both must allow a key).
+/// For forward_decode, attention_mask covers the cached tokens plus the new ones ([B, length+n])
+/// and position_ids the new ones ([B, n]).
+struct ForwardArgs {
+  HYBRIDRL_ARG(at::Tensor, attention_mask);
+  HYBRIDRL_ARG(at::Tensor, position_ids);
+  HYBRIDRL_ARG(at::Tensor, cu_seqlens);
+};
+
+/// Runs decoder layer `layer` on hidden states `h` [B, T, hidden] under `ctx` and returns its
+/// output. Wrappers call an inner runner and add work around it.
+using LayerRunner =
+    std::function<at::Tensor(int64_t layer, DecoderLayerImpl& module, const at::Tensor& h, const LayerContext& ctx)>;
+
+/// The runner that just calls `module.forward(h, ctx, layer)`.
+inline LayerRunner default_layer_runner() {
+  return [](int64_t layer, DecoderLayerImpl& module, const at::Tensor& h, const LayerContext& ctx) {
+    return module.forward(h, ctx, layer);
+  };
+}
+
+/// Wraps `inner`: in training mode with grad, the layer keeps no activations and backward reruns
+/// `inner` (so a gather-before / free-after inside it runs again for the recompute). Decode
+/// (`ctx.attention` set), eval mode and no-grad run `inner` directly.
+inline LayerRunner activation_checkpoint_runner(LayerRunner inner = default_layer_runner()) {
+  return [inner = std::move(inner)](int64_t layer, DecoderLayerImpl& module, const at::Tensor& h,
+                                    const LayerContext& ctx) {
+    if (ctx.attention || !module.is_training()) return inner(layer, module, h, ctx);
+    auto self = std::dynamic_pointer_cast<DecoderLayerImpl>(module.shared_from_this());
+    return activation_checkpoint(
+        [inner, self, layer, ctx](const at::Tensor& x) { return inner(layer, *self, x, ctx); }, h,
+        module.parameters());
+  };
+}
+
+/// Wraps `inner` in autocast to `dtype` (bf16 or fp16 matmuls; RMSNorm and softmax stay fp32) on
+/// the device of `h` (CUDA or CPU), with the rotary tables in `dtype`. The layer output is in the
+/// autocast dtype's promotion with the residual stream (fp32 master weights: fp32).
+inline LayerRunner autocast_runner(at::ScalarType dtype, LayerRunner inner = default_layer_runner()) {
+  return [dtype, inner = std::move(inner)](int64_t layer, DecoderLayerImpl& module, const at::Tensor& h,
+                                           const LayerContext& ctx) {
+    detail::compat::AutocastGuard guard(h.device().type(), dtype);
+    LayerContext c = ctx;
+    c.cos = ctx.cos.to(dtype);
+    c.sin = ctx.sin.to(dtype);
+    return inner(layer, module, h, c);
+  };
+}
+
+/// Throws hybridrl::Error when a token id of `ids` lies outside [0, vocab_size). A reduction and a
+/// host read: call it where ids are on the CPU (the model's forward does so for CPU ids only, so
+/// CUDA forwards never synchronise on it).
+inline void check_token_ids(const at::Tensor& ids, int64_t vocab_size, std::string_view what = "input_ids") {
+  if (ids.numel() == 0) return;
+  auto flat = ids.reshape({-1});
+  const auto hi = flat.argmax().item<int64_t>();
+  const auto max_id = flat[hi].item<int64_t>();
+  HYBRIDRL_CHECK(max_id < vocab_size,
+                 fmt::format("{}: token id {} >= vocab_size {} (flat index {})", what, max_id, vocab_size, hi),
+                 "tokenize with the model's own tokenizer, or use a config.json whose vocab_size covers it");
+  const auto lo = flat.argmin().item<int64_t>();
+  const auto min_id = flat[lo].item<int64_t>();
+  HYBRIDRL_CHECK(min_id >= 0, fmt::format("{}: token id {} is negative (flat index {})", what, min_id, lo),
+                 "replace negative ids (e.g. an ignore index of -100) with the pad id before the forward");
+}
+
+/// The decoder trunk, HF's `LlamaModel` (`model.` in tensor names): embed_tokens, layers, norm.
+class DecoderImpl : public torch::nn::Module {
+ public:
+  /// A randomly initialised trunk for `c`, this rank's shard under a sharded `pc` (load weights
+  /// with load_causal_lm / load_weights).
+  explicit DecoderImpl(const ModelConfig& c, const ParallelContext& pc = {})
+      : config_(c), pc_(pc), inv_freq_(rope_inverse_frequencies(c)) {
+    c.validate();
+    pc.validate();
+    embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(c.vocab_size, c.hidden_size, pc));
+    layers = register_module("layers", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(DecoderLayer(c, pc));
+    norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  }
+
+  /// Final hidden states [B, T, hidden] (after the last norm) of `input_ids` [B, T]; see ForwardArgs.
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args = {}) {
+    auto ids = input_ids.dim() == 1 ? input_ids.unsqueeze(0) : input_ids;
+    HYBRIDRL_CHECK(ids.dim() == 2, fmt::format("forward: input_ids has shape {}", fmt::join(ids.sizes(), "x")),
+                   "pass token ids [B, T] (or [T] for one sequence)");
+    const auto B = ids.size(0), T = ids.size(1);
+    const auto dev = ids.device();
+    // one sequence given as [T]: its mask and positions may be [T] too
+    auto as_rows = [&](const at::Tensor& t) {
+      return t.defined() && t.dim() == 1 && input_ids.dim() == 1 ? t.unsqueeze(0) : t;
+    };
+    const auto am = as_rows(args.attention_mask()), pp = as_rows(args.position_ids());
+    check_shape(am, B, T, "attention_mask");
+    check_shape(pp, B, T, "position_ids");
+    at::Tensor key_valid = am.defined() ? am.to(dev).to(at::kBool) : at::Tensor();
+    at::Tensor pos = pp.defined() ? pp.to(dev).to(at::kLong) : at::Tensor();
+    at::Tensor seg;
+    if (args.cu_seqlens().defined()) {
+      auto cu = args.cu_seqlens().to(dev).to(at::kLong);
+      if (cu.dim() == 1) cu = cu.unsqueeze(0);
+      HYBRIDRL_CHECK(cu.dim() == 2 && cu.size(0) == B && cu.size(1) >= 2,
+                     fmt::format("packed forward: cu_seqlens has shape {} but input_ids has {} rows",
+                                 fmt::join(cu.sizes(), "x"), B),
+                     "pass cu_seqlens [rows, sequences+1] (or [sequences+1] for one row) as Loader<Packed> writes");
+      auto t = at::arange(T, at::TensorOptions().dtype(at::kLong).device(dev)).expand({B, T}).contiguous();
+      auto ends = cu.narrow(1, 1, cu.size(1) - 1).contiguous();
+      seg = at::searchsorted(ends, t, /*out_int32=*/false, /*right=*/true);
+      const auto S = ends.size(1);
+      auto in_seq = seg.lt(S);
+      key_valid = key_valid.defined() ? key_valid.logical_and(in_seq) : in_seq;
+      if (!pos.defined()) {
+        auto starts = cu.narrow(1, 0, S).gather(1, seg.clamp_max(S - 1));
+        pos = (t - starts).clamp_min(0);
+      }
+    }
+    if (!pos.defined()) {
+      pos = key_valid.defined() ? detail::positions_from_mask(key_valid)
+                                : at::arange(T, at::TensorOptions().dtype(at::kLong).device(dev)).expand({B, T});
+    }
+    auto mask = detail::attention_mask(B, T, T, 0, key_valid, seg, seg, config_.sliding_window, dev);
+    return run(ids, pos, mask, nullptr);
+  }
+
+  /// Hidden states of `input_ids` at `positions` with attention done by `attn_fn` (KV caches).
+  at::Tensor forward_with_attention(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionFn& attn_fn) {
+    return run(input_ids, positions.to(input_ids.device()), {}, attn_fn);
+  }
+
+  /// Installs the per-layer runner (default_layer_runner() when empty): a sharding engine composes
+  /// activation checkpointing, autocast and its parameter gather/free here.
+  void set_layer_runner(LayerRunner runner) { runner_ = runner ? std::move(runner) : default_layer_runner(); }
+  /// The per-layer runner in use.
+  [[nodiscard]] const LayerRunner& layer_runner() const noexcept { return runner_; }
+  /// The architecture this trunk was built for.
+  [[nodiscard]] const ModelConfig& config() const noexcept { return config_; }
+  /// This rank's tensor-parallel place (tp_size 1: the full model).
+  [[nodiscard]] const ParallelContext& parallel() const noexcept { return pc_; }
+  /// The layer `i` (for rollout code that calls attention entry points directly).
+  [[nodiscard]] DecoderLayer layer(int64_t i) const { return layers->ptr<DecoderLayerImpl>(static_cast<size_t>(i)); }
+
+  VocabParallelEmbedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+
+ private:
+  static void check_shape(const at::Tensor& t, int64_t B, int64_t T, std::string_view what) {
+    HYBRIDRL_CHECK(!t.defined() || (t.dim() == 2 && t.size(0) == B && t.size(1) == T),
+                   fmt::format("forward: {} has shape {} but input_ids has {}x{}", what,
+                               t.defined() ? fmt::format("{}", fmt::join(t.sizes(), "x")) : "", B, T),
+                   fmt::format("pass {} [B, T] matching input_ids", what));
+  }
+
+  at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask, const AttentionFn& attn_fn) {
+    if (ids.device().is_cpu()) check_token_ids(ids, config_.vocab_size);  // CUDA: no sync per forward
+    auto h = embed_tokens(ids);
+    auto [cos, sin] = rope_cos_sin(inv_freq_, pos, h.scalar_type());
+    LayerContext ctx{cos, sin, mask, true, attn_fn};
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) h = runner_(i, *layer(i), h, ctx);
+    return norm(h);
+  }
+
+  ModelConfig config_;
+  ParallelContext pc_;
+  at::Tensor inv_freq_;  // fp32, deliberately not a buffer: .to(bf16) must not round it
+  LayerRunner runner_ = default_layer_runner();
+};
+/// Module holder of DecoderImpl.
+TORCH_MODULE(Decoder);
+
+}  // namespace hybridrl
