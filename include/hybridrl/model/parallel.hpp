@@ -27,6 +27,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/distributed/communicator.hpp"
+#include "hybridrl/sharding/weights.hpp"
 
 namespace hybridrl {
 
@@ -111,12 +112,7 @@ inline int64_t tp_local_size(int64_t n, const ParallelContext& pc, std::string_v
 /// The dimension on which parameter `name` (an HF tensor name) is split across tensor-parallel
 /// ranks, or std::nullopt when it is replicated. The rule of this header's \file comment.
 inline std::optional<int64_t> tp_split_dim(std::string_view name) {
-  auto has = [&](std::string_view s) { return name.find(s) != std::string_view::npos; };
-  auto ends = [&](std::string_view s) { return name.size() >= s.size() && name.substr(name.size() - s.size()) == s; };
-  if (has("embed_tokens.") || has("lm_head.")) return 0;
-  if (has("q_proj.") || has("k_proj.") || has("v_proj.") || has("gate_proj.") || has("up_proj.")) return 0;
-  if ((has("o_proj.") || has("down_proj.")) && ends(".weight")) return 1;
-  return std::nullopt;
+  return tensor_parallel_dim(name);  // the one rule, shared with weight export (sharding/weights.hpp)
 }
 
 /// This rank's shard of the full tensor `full` of parameter `name` (a view when contiguous slicing

@@ -64,6 +64,8 @@ inline bool ends_with(std::string_view name, std::string_view suffix) noexcept {
   }
   if (ends_with(hf_name, "embed_tokens.weight") || ends_with(hf_name, "lm_head.weight")) return 0;
   if (ends_with(hf_name, "layernorm.weight") || ends_with(hf_name, "norm.weight")) return std::nullopt;
+  // The critic's value head ([1, hidden]) is replicated: every rank holds it whole.
+  if (ends_with(hf_name, "score.weight") || ends_with(hf_name, "score.bias")) return std::nullopt;
   throw Error(fmt::format("tensor_parallel_dim: no tensor-parallel rule for the parameter '{}'", hf_name),
               "name it as the Llama family does (q/k/v/o_proj, gate/up/down_proj, embed_tokens, lm_head, "
               "*norm), or add its rule to sharding/weights.hpp together with its parallel layer");
