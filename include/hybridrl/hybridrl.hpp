@@ -14,3 +14,4 @@
 #include "hybridrl/data/data.hpp"
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/trainer/trainer.hpp"
+#include "hybridrl/trainer/balance.hpp"
