@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "hybridrl/algorithm/kto.hpp"
 #include "hybridrl/data/data.hpp"
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
@@ -92,6 +93,11 @@ typename P::options_type common_options(int64_t batch_size, uint64_t seed, int64
 std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
   auto row = t[r].contiguous();
   return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
+}
+
+std::vector<int64_t> flat(const at::Tensor& t) {
+  auto c = t.to(at::kLong).contiguous().view({-1});
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
 // Runs `loader_factory(state)` uninterrupted, then split at every batch k: k batches, save the
@@ -185,9 +191,21 @@ TEST_SUITE("data/loader") {
     CHECK(row_of(b->tensor(keys::kl_response_mask), 1) == std::vector<int64_t>{0, 0, 0, 1, 1, 1});
     CHECK(row_of(b->tensor(keys::response_mask), 2) == std::vector<int64_t>{0, 0, 1, 1, 1, 0});
     const auto& desirable = b->tensor(keys::desirable);
-    CHECK(desirable.scalar_type() == at::kBool);
+    CHECK((desirable.scalar_type() == at::kBool));
     CHECK(desirable.equal(at::tensor({1, 0, 1}, at::kByte).to(at::kBool)));
     CHECK_FALSE(b->has_tensor("label"));
+    // the loss side's convention is the same: kto_mismatched_index(B)[i] is the row whose
+    // completion row i's mismatched pair carries
+    const auto partner = kto_mismatched_index(3);
+    auto response_tokens = [&](const std::string& prefix, int64_t r) {
+      const auto ids = row_of(b->tensor(prefix + "input_ids"), r), m = row_of(b->tensor(prefix + "response_mask"), r);
+      std::vector<int64_t> out;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        if (m[t] == 1) out.push_back(ids[t]);
+      }
+      return out;
+    };
+    for (int64_t i = 0; i < 3; ++i) CHECK(response_tokens("kl_", i) == response_tokens("", partner[i].item<int64_t>()));
     b->require({keys::input_ids, keys::attention_mask, keys::response_mask, keys::kl_input_ids,
                 keys::kl_attention_mask, keys::kl_response_mask, keys::desirable},
                "KTO loader output");
@@ -236,7 +254,7 @@ TEST_SUITE("data/loader") {
       }
       // every pair's chosen and rejected sequence is in the packed rows, token for token: the
       // uid column of the per-sequence batch names the sample of each unit
-      const auto unit = row_of(p.sequence_unit, 0), role = row_of(p.sequence_role, 0);
+      const auto unit = flat(p.sequence_unit), role = flat(p.sequence_role);
       for (int64_t si = 0; si < n_seq; ++si) {
         const auto u = static_cast<size_t>(unit[static_cast<size_t>(si)]);
         const auto index = std::stoll(b->column("uid")[u].get<std::string>().substr(1));
@@ -303,12 +321,12 @@ TEST_SUITE("data/loader") {
     exhausted.epoch = 0;
     exhausted.batch_in_epoch = 3;
     auto resumed = Loader<Packed>::make(data, opts, exhausted);
-    auto rest = drain(resumed, "input_ids");
+    auto rest = drain(resumed, "chosen_input_ids");
     CHECK(rest.size() == 6);
     CHECK(rest.front().info.epoch == 1);
     check_resume_everywhere(
         [&](std::optional<LoaderState> st) { return Loader<Packed>::make(data, opts, st); },
-        "input_ids", 9);
+        "chosen_input_ids", 9);
   }
 
   TEST_CASE("prefetched batches are in pinned memory exactly when CUDA is present (and pin_memory is on)") {
@@ -481,7 +499,7 @@ TEST_SUITE("data/loader") {
       const auto k = b->tensor_keys();
       CHECK(std::set<std::string>(k.begin(), k.end()) == keys0);
       CHECK(b->meta().empty());
-      for (const auto& u : b->column(keys::uid)) (loader.info().epoch == 0 ? e0 : e1).push_back(u.get<std::string>());
+      for (const Value& u : b->column(keys::uid)) (loader.info().epoch == 0 ? e0 : e1).push_back(u.get<std::string>());
     }
     CHECK(batches == 12);  // 21 pairs in batches of 4: 6 per epoch
     CHECK(keys0 == std::set<std::string>{"chosen_attention_mask", "chosen_input_ids", "chosen_position_ids",
@@ -511,7 +529,7 @@ TEST_SUITE("data/loader") {
     CHECK(ib.step_in_epoch == 1);
     // The two batches differ in width (each is padded to its own longest prompt) and in step; the
     // loader's padding makes them one left-padded batch.
-    const auto both = TensorBatch::concat({*a, *b}, loader.padding());
+    const TensorBatch both = TensorBatch::concat({*a, *b}, loader.padding());
     REQUIRE(both.size() == 8);
     const int64_t width = std::max(a->tensor(keys::input_ids).size(1), b->tensor(keys::input_ids).size(1));
     CHECK(both.tensor(keys::input_ids).size(1) == width);

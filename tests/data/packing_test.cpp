@@ -51,8 +51,9 @@ TEST_SUITE("data/packing") {
     CHECK(vec(p.rows.tensor(keys::position_ids)) == std::vector<int64_t>{0, 1, 2, 3, 0, 0, 1, 2, 0, 0});
     CHECK(vec(p.rows.tensor(keys::attention_mask)) == std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 0, 0});
     CHECK(vec(p.rows.tensor(keys::segment_ids)) == std::vector<int64_t>{0, 0, 0, 0, 1, 2, 2, 2, -1, -1});
-    CHECK(vec(p.rows.tensor(keys::response_mask)) == std::vector<int64_t>{0, 0, 1, 1, 0, 0, 0, 1, 0, 0});
-    CHECK(p.rows.tensor(keys::cu_seqlens).scalar_type() == at::kInt);
+    // row 2's response is its last two tokens (32, 33): packed row 1, columns 1 and 2
+    CHECK(vec(p.rows.tensor(keys::response_mask)) == std::vector<int64_t>{0, 0, 1, 1, 0, 0, 1, 1, 0, 0});
+    CHECK((p.rows.tensor(keys::cu_seqlens).scalar_type() == at::kInt));
     CHECK(vec(p.rows.tensor(keys::cu_seqlens)) == std::vector<int64_t>{0, 4, 5, 0, 3, 3});
     CHECK(vec(p.sequence_row) == std::vector<int64_t>{0, 0, 1});
     CHECK(vec(p.sequence_offset) == std::vector<int64_t>{0, 4, 0});
@@ -125,7 +126,7 @@ TEST_SUITE("data/packing") {
     const auto out = repeat_for_rollout(prompts, 2);
     CHECK(out.size() == 6);
     CHECK(vec(out.tensor(keys::input_ids)) == std::vector<int64_t>{1, 2, 1, 2, 3, 4, 3, 4, 5, 6, 5, 6});
-    CHECK(out.tensor(keys::group_ids).scalar_type() == at::kLong);
+    CHECK((out.tensor(keys::group_ids).scalar_type() == at::kLong));
     // "x" first seen at row 0 → 0, "y" → 1; row 2 has uid "x" again → 0
     CHECK(vec(out.tensor(keys::group_ids)) == std::vector<int64_t>{0, 0, 1, 1, 0, 0});
     CHECK(out.column(keys::uid) == Column{"x", "x", "y", "y", "x", "x"});

@@ -129,10 +129,10 @@ inline void put_padded(TensorBatch& batch, const std::vector<const BatchSequence
       pl[off + t] = t >= s.prompt_length ? 1 : 0;
     }
   }
-  batch.set(prefix + keys::input_ids.str(), ids);
-  batch.set(prefix + keys::attention_mask.str(), mask);
-  batch.set(prefix + keys::position_ids.str(), pos);
-  if (with_response_mask) batch.set(prefix + keys::response_mask.str(), loss);
+  batch.set(keys::with_role(prefix, keys::input_ids), ids);
+  batch.set(keys::with_role(prefix, keys::attention_mask), mask);
+  batch.set(keys::with_role(prefix, keys::position_ids), pos);
+  if (with_response_mask) batch.set(keys::with_role(prefix, keys::response_mask), loss);
 }
 
 inline int64_t longest(const std::vector<BatchSequence>& seqs) {
@@ -154,7 +154,7 @@ struct TokenCounts {
 [[nodiscard]] inline TokenCounts token_counts(const TensorBatch& batch) {
   TokenCounts c;
   for (auto role : keys::roles) {
-    const auto key = std::string(role) + keys::attention_mask.str();
+    const auto key = keys::with_role(role, keys::attention_mask);
     if (!batch.has_tensor(key)) continue;
     const auto& m = batch.tensor(key);
     c.real += m.sum().item<int64_t>();

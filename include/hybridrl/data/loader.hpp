@@ -231,7 +231,7 @@ class BatchLoader {
   [[nodiscard]] ConcatPadding padding() const {
     ConcatPadding p;
     p.side = D::data_kind == DataKind::prompts ? prompt_side() : PaddingSide::right;
-    for (auto role : keys::roles) p.values[std::string(role) + keys::input_ids.str()] = core_->data->pad_id();
+    for (auto role : keys::roles) p.values[keys::with_role(role, keys::input_ids)] = core_->data->pad_id();
     return p;
   }
 

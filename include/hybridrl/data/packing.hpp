@@ -124,7 +124,7 @@ inline at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& 
   p.row_length = row_length;
   p.units = per_sequence.size();
   for (auto r : keys::roles) {
-    if (per_sequence.has_tensor(std::string(r) + keys::input_ids.str())) p.roles.emplace_back(r);
+    if (per_sequence.has_tensor(keys::with_role(r, keys::input_ids))) p.roles.emplace_back(r);
   }
   HYBRIDRL_CHECK(!p.roles.empty(),
                  fmt::format("pack: the batch has no input_ids of any role (tensors: [{}])",
@@ -132,24 +132,24 @@ inline at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& 
                  "pack a per-sequence batch from a loader or a rollout (input_ids, or chosen_/"
                  "rejected_/kl_input_ids, with their attention_mask)");
   const auto nroles = static_cast<int64_t>(p.roles.size());
-  const bool with_response_mask = per_sequence.has_tensor(p.roles[0] + keys::response_mask.str());
+  const bool with_response_mask = per_sequence.has_tensor(keys::with_role(p.roles[0], keys::response_mask));
   std::vector<std::vector<int64_t>> ids(p.roles.size()), resp(p.roles.size());
   std::vector<std::vector<int64_t>> mask(p.roles.size());
   for (size_t k = 0; k < p.roles.size(); ++k) {
     const auto& role = p.roles[k];
-    const auto& in = per_sequence.tensor(role + keys::input_ids.str());
+    const auto& in = per_sequence.tensor(keys::with_role(role, keys::input_ids));
     HYBRIDRL_CHECK(in.dim() == 2, fmt::format("pack: {}input_ids has {} dims, expected [B, T]", role, in.dim()),
                    "pack per-sequence batches (one row per unit)");
     p.widths.push_back(in.size(1));
     ids[k] = detail::host_longs(in);
-    mask[k] = detail::host_longs(per_sequence.tensor(role + keys::attention_mask.str()));
-    HYBRIDRL_CHECK(per_sequence.has_tensor(role + keys::response_mask.str()) == with_response_mask,
+    mask[k] = detail::host_longs(per_sequence.tensor(keys::with_role(role, keys::attention_mask)));
+    HYBRIDRL_CHECK(per_sequence.has_tensor(keys::with_role(role, keys::response_mask)) == with_response_mask,
                    fmt::format("pack: {}response_mask is {} but {}response_mask is {}", role,
                                with_response_mask ? "missing" : "present", p.roles[0],
                                with_response_mask ? "present" : "missing"),
                    "give every role a response_mask, or none");
     if (with_response_mask) {
-      auto rm = per_sequence.tensor(role + keys::response_mask.str());
+      auto rm = per_sequence.tensor(keys::with_role(role, keys::response_mask));
       const int64_t shift = in.size(1) - rm.size(1);
       HYBRIDRL_CHECK(rm.dim() == 2 && shift >= 0,
                      fmt::format("pack: {}response_mask is wider than {}input_ids ({} vs {})", role,
@@ -223,7 +223,7 @@ inline at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& 
     }
     for (int64_t j = k; j <= max_segments; ++j) pc[r * (max_segments + 1) + j] = static_cast<int32_t>(off);
   }
-  const auto device = per_sequence.tensor(p.roles[0] + keys::input_ids.str()).device();
+  const auto device = per_sequence.tensor(keys::with_role(p.roles[0], keys::input_ids)).device();
   p.rows.set(keys::input_ids, out_ids.to(device));
   p.rows.set(keys::attention_mask, out_mask.to(device));
   p.rows.set(keys::position_ids, out_pos.to(device));
