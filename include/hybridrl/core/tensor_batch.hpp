@@ -90,21 +90,29 @@ class TensorBatch {
   /// The tensor stored under `key`; throws naming the key's producer (core/keys.hpp) and the
   /// tensors that exist when it is missing.
   [[nodiscard]] const at::Tensor& tensor(const std::string& key) const {
-    return tensor_or_throw(key, detail::producer_of(key));
+    auto it = tensors_.find(key);
+    if (it == tensors_.end()) throw_no_tensor(key, detail::producer_of(key));  // looked up only then
+    return it->second;
   }
   /// The tensor stored under a cross-axis key; a missing key's error names its producer.
   [[nodiscard]] const at::Tensor& tensor(const Key& key) const {
-    return tensor_or_throw(key.str(), std::string(key.producer));
+    auto it = tensors_.find(key.str());
+    if (it == tensors_.end()) throw_no_tensor(key.str(), std::string(key.producer));
+    return it->second;
   }
 
   /// The non-tensor column stored under `key`; throws naming the producer and the columns that
   /// exist when it is missing.
   [[nodiscard]] const Column& column(const std::string& key) const {
-    return column_or_throw(key, detail::producer_of(key));
+    auto it = columns_.find(key);
+    if (it == columns_.end()) throw_no_column(key, detail::producer_of(key));
+    return it->second;
   }
   /// The column stored under a cross-axis key; a missing key's error names its producer.
   [[nodiscard]] const Column& column(const Key& key) const {
-    return column_or_throw(key.str(), std::string(key.producer));
+    auto it = columns_.find(key.str());
+    if (it == columns_.end()) throw_no_column(key.str(), std::string(key.producer));
+    return it->second;
   }
 
   /// Checks at a phase boundary that every key is present (as a tensor or a column). Throws once,
@@ -412,24 +420,18 @@ class TensorBatch {
     return ks;
   }
 
-  [[nodiscard]] const at::Tensor& tensor_or_throw(const std::string& key, const std::string& producer) const {
-    auto it = tensors_.find(key);
-    HYBRIDRL_CHECK(it != tensors_.end(),
-                   fmt::format("TensorBatch has no tensor '{}' (produced by {}; tensors: [{}])", key,
-                               producer, fmt::join(tensor_keys(), ", ")),
-                   "run the component that produces it earlier in the pipeline, or check the key's "
-                   "spelling (core/keys.hpp)");
-    return it->second;
+  [[noreturn]] void throw_no_tensor(const std::string& key, const std::string& producer) const {
+    throw Error(fmt::format("TensorBatch has no tensor '{}' (produced by {}; tensors: [{}])", key,
+                            producer, fmt::join(tensor_keys(), ", ")),
+                "run the component that produces it earlier in the pipeline, or check the key's "
+                "spelling (core/keys.hpp)");
   }
 
-  [[nodiscard]] const Column& column_or_throw(const std::string& key, const std::string& producer) const {
-    auto it = columns_.find(key);
-    HYBRIDRL_CHECK(it != columns_.end(),
-                   fmt::format("TensorBatch has no column '{}' (produced by {}; columns: [{}])", key,
-                               producer, fmt::join(column_keys(), ", ")),
-                   "run the component that produces it earlier in the pipeline, or check the key's "
-                   "spelling (core/keys.hpp)");
-    return it->second;
+  [[noreturn]] void throw_no_column(const std::string& key, const std::string& producer) const {
+    throw Error(fmt::format("TensorBatch has no column '{}' (produced by {}; columns: [{}])", key,
+                            producer, fmt::join(column_keys(), ", ")),
+                "run the component that produces it earlier in the pipeline, or check the key's "
+                "spelling (core/keys.hpp)");
   }
 
   void throw_missing(const std::vector<std::string>& missing, std::string_view stage) const {
