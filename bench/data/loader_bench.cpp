@@ -64,7 +64,7 @@ void BM_Data_PaddingWaste_PadToBatchMax(benchmark::State& state) {
       for (size_t j = i; j < std::min(l.size(), i + 64); ++j) b.push_back(static_cast<int64_t>(j));
       batches.push_back(std::move(b));
     }
-    waste = padding_waste(batches, l);
+    waste = bucketed_padding_fraction(batches, l);
     benchmark::DoNotOptimize(waste);
   }
   state.counters["waste"] = waste;
@@ -80,7 +80,7 @@ void BM_Data_PaddingWaste_Bucketed(benchmark::State& state) {
     o.batch_size = 64;
     o.window_batches = state.range(0);
     auto batches = bucket_batches(l, o, 7);
-    waste = padding_waste(batches, l);
+    waste = bucketed_padding_fraction(batches, l);
     benchmark::DoNotOptimize(batches.data());
   }
   state.counters["waste"] = waste;
@@ -97,7 +97,7 @@ void BM_Data_PaddingWaste_BucketedTokenBudget(benchmark::State& state) {
     o.max_tokens_per_batch = 65536;
     o.window_batches = 0;
     auto batches = bucket_batches(l, o, 7);
-    waste = padding_waste(batches, l);
+    waste = bucketed_padding_fraction(batches, l);
     batches_n = static_cast<double>(batches.size());
   }
   state.counters["waste"] = waste;

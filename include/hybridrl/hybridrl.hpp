@@ -22,4 +22,5 @@
 #include "hybridrl/io/json.hpp"
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/trainer/trainer.hpp"
+#include "hybridrl/trainer/balance.hpp"
 #include "hybridrl/trainer/presets.hpp"

@@ -2,13 +2,17 @@
 
 #include <hybridrl/core/tensor_batch.hpp>
 
+#include <array>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
 using hybridrl::Column;
 using hybridrl::Error;
 using hybridrl::TensorBatch;
+namespace keys = hybridrl::keys;
 
 namespace {
 
@@ -53,7 +57,7 @@ TEST_SUITE("core/tensor_batch") {
     CHECK(b.has_column("id"));
     CHECK(b.tensor_keys() == std::vector<std::string>{"x", "y"});
     CHECK(b.meta()["step"] == 3);
-    check_error([&] { (void)b.tensor("z"); }, "no tensor 'z' (tensors: [x, y])");
+    check_error([&] { (void)b.tensor("z"); }, "no tensor 'z' (produced by not a cross-axis key (core/keys.hpp); tensors: [x, y])");
     check_error([&] { (void)b.column("z"); }, "no column 'z'");
     check_error([&] { b.set("bad", at::zeros({3})); }, "'bad' has 3 rows but the batch has 4");
     check_error([&] { b.set_column("bad", Column{1, 2}); }, "'bad' has 2 rows");
@@ -176,5 +180,53 @@ TEST_SUITE("core/tensor_batch") {
     auto b = sample_batch().to(at::Device(at::kCPU));
     CHECK(b.tensor("x").device().is_cpu());
     CHECK(ids(b).size() == 4);
+  }
+
+  TEST_CASE("require lists every missing key once, with its stage and producer") {
+    auto b = sample_batch();
+    b.set(keys::response_mask, at::ones({4, 2}, at::kLong));
+    CHECK_NOTHROW(b.require({keys::response_mask}, "update"));
+    try {
+      b.require({keys::advantages, keys::response_mask, keys::old_log_probs, keys::uid}, "actor update");
+      FAIL("expected hybridrl::Error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("stage 'actor update' needs 3 key(s)") != std::string::npos);
+      CHECK(what.find("'advantages' [B, R] float32 (produced by Algorithm::compute_advantages)") != std::string::npos);
+      CHECK(what.find("'old_log_probs' [B, T] float32 (produced by policy forward (old log-probs phase))") !=
+            std::string::npos);
+      CHECK(what.find("'uid' [B] column string (produced by Loader (dataset))") != std::string::npos);
+      CHECK(what.find("'response_mask' [") == std::string::npos);  // present: not listed
+      CHECK(what.find("[response_mask, x, y]") != std::string::npos);
+    }
+    // plain names: the producer is looked up in core/keys.hpp
+    const std::array<std::string_view, 2> names{"group_ids", "x"};
+    check_error([&] { b.require(std::span<const std::string_view>(names), "GRPO advantages"); },
+                "stage 'GRPO advantages' needs 1 key(s) the batch lacks: 'group_ids' (produced by "
+                "repeat_for_rollout (from the Loader's uid column))");
+    // columns satisfy require too
+    CHECK_NOTHROW(TensorBatch({}, {{"uid", Column{"a"}}}).require({keys::uid}, "rollout"));
+  }
+
+  TEST_CASE("tensor(Key) and column(Key) name the producer of a missing key") {
+    const auto b = sample_batch();
+    check_error([&] { (void)b.tensor(keys::group_ids); },
+                "no tensor 'group_ids' (produced by repeat_for_rollout (from the Loader's uid column);");
+    check_error([&] { (void)b.column(keys::uid); }, "no column 'uid' (produced by Loader (dataset);");
+    // a plain string that is a cross-axis key finds its producer through keys::find
+    check_error([&] { (void)b.tensor("ref_log_probs"); }, "(produced by reference forward;");
+    CHECK(as_vec(b.tensor(hybridrl::Key{"y", "[B]", "int64", "test"})) == std::vector<int64_t>{10, 11, 12, 13});
+  }
+
+  TEST_CASE("concat with padding: token tensors of different widths, on either side") {
+    TensorBatch a({{"input_ids", at::tensor({1, 2}, at::kLong).view({1, 2})}, {"n", at::tensor({1}, at::kLong)}});
+    TensorBatch b({{"input_ids", at::tensor({3, 4, 5, 6}, at::kLong).view({1, 4})}, {"n", at::tensor({2}, at::kLong)}});
+    check_error([&] { (void)TensorBatch::concat({a, b}); }, "tensor 'input_ids' of part 1 is [1, 4]");
+    const auto left = TensorBatch::concat({a, b}, hybridrl::ConcatPadding{hybridrl::PaddingSide::left, {{"input_ids", 9}}});
+    CHECK(as_vec(left.tensor("input_ids")) == std::vector<int64_t>{9, 9, 1, 2, 3, 4, 5, 6});
+    CHECK(as_vec(left.tensor("n")) == std::vector<int64_t>{1, 2});  // 1-D: untouched
+    const auto right = TensorBatch::concat({a, b}, hybridrl::ConcatPadding{});
+    CHECK(as_vec(right.tensor("input_ids")) == std::vector<int64_t>{1, 2, 0, 0, 3, 4, 5, 6});
   }
 }

@@ -1,5 +1,6 @@
-// Loader<Bucketed> and Loader<Packed>: batch contents by hand, packed layout, determinism, exact
-// resume through JSON (including at epoch boundaries), prefetch errors and shutdown, option errors.
+// Loader<Bucketed> and Loader<Packed>: batch contents by hand (keys of core/keys.hpp), the packed
+// layout through pack(), determinism, exact resume through JSON (including at epoch boundaries),
+// concat of consecutive batches, prefetch errors and shutdown (no timing assumptions), option errors.
 
 #include <atomic>
 #include <map>
@@ -13,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "hybridrl/algorithm/kto.hpp"
 #include "hybridrl/data/data.hpp"
 #include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
 
@@ -51,22 +53,23 @@ std::string pair_lines(int n, uint32_t seed) {
   return out;
 }
 
-// A batch reduced to comparable values: its uids and its input ids.
+// A batch reduced to comparable values: its uids, its input ids and the loader's BatchInfo.
 struct Fingerprint {
   nlohmann::json uids;
   std::vector<int64_t> ids;
-  nlohmann::json meta;
+  BatchInfo info;
   bool operator==(const Fingerprint&) const = default;
 };
 
 std::ostream& operator<<(std::ostream& os, const Fingerprint& f) {
-  return os << "batch " << f.meta.dump() << " uids " << f.uids.dump();
+  return os << "batch (epoch " << f.info.epoch << ", step " << f.info.step_in_epoch << ") uids "
+            << f.uids.dump();
 }
 
-Fingerprint fingerprint(const TensorBatch& b, const std::string& ids_key) {
+Fingerprint fingerprint(const TensorBatch& b, const std::string& ids_key, const BatchInfo& info) {
   auto t = b.tensor(ids_key).contiguous();
   return {nlohmann::json(b.column("uid")),
-          std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()), b.meta()};
+          std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()), info};
 }
 
 template <class L>
@@ -75,14 +78,26 @@ std::vector<Fingerprint> drain(L& loader, const std::string& ids_key, int64_t li
   for (int64_t i = 0; i < limit; ++i) {
     auto b = loader.next();
     if (!b) break;
-    out.push_back(fingerprint(*b, ids_key));
+    CHECK(b->meta().empty());  // per-batch facts are loader state, never metadata
+    out.push_back(fingerprint(*b, ids_key, loader.info()));
   }
   return out;
+}
+
+// The options of policy P with the fields both share set.
+template <class P>
+typename P::options_type common_options(int64_t batch_size, uint64_t seed, int64_t epochs) {
+  return typename P::options_type{}.batch_size(batch_size).seed(seed).epochs(epochs);
 }
 
 std::vector<int64_t> row_of(const at::Tensor& t, int64_t r) {
   auto row = t[r].contiguous();
   return {row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel()};
+}
+
+std::vector<int64_t> flat(const at::Tensor& t) {
+  auto c = t.to(at::kLong).contiguous().view({-1});
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
 // Runs `loader_factory(state)` uninterrupted, then split at every batch k: k batches, save the
@@ -127,9 +142,11 @@ TEST_SUITE("data/loader") {
     CHECK(b->column("data_source") == Column{"s", "mem"});
     CHECK(b->column("uid") == Column{"mem:2", "mem:1"});
     CHECK(b->column("extra")[1] == nlohmann::json{{"topic", "t"}});
-    CHECK(b->meta()["num_tokens"] == 6);
-    CHECK(b->meta()["padded_tokens"] == 8);
-    CHECK(b->meta()["epoch_end"] == true);
+    CHECK(b->meta().empty());
+    CHECK(loader.info().real_tokens == 6);
+    CHECK(loader.info().padded_tokens == 8);
+    CHECK(loader.info().epoch_end);
+    CHECK_FALSE(b->has_tensor("response_mask"));  // prompts: nothing to train on yet
     CHECK_FALSE(loader.next());
     CHECK(loader.state().epoch == 1);
     CHECK(loader.state().batch_in_epoch == 0);
@@ -145,41 +162,77 @@ TEST_SUITE("data/loader") {
     const int64_t pad = ByteTokenizer::kPad, bos = ByteTokenizer::kBos, eos = ByteTokenizer::kEos;
     CHECK(row_of(b->tensor("chosen_input_ids"), 0) == std::vector<int64_t>{bos, 'p', 'c', 'c', eos});
     CHECK(row_of(b->tensor("rejected_input_ids"), 0) == std::vector<int64_t>{bos, 'p', 'r', eos, pad});
-    CHECK(row_of(b->tensor("chosen_loss_mask"), 0) == std::vector<int64_t>{0, 0, 1, 1, 1});
-    CHECK(row_of(b->tensor("rejected_loss_mask"), 0) == std::vector<int64_t>{0, 0, 1, 1, 0});
+    // response_mask has input_ids' shape, 1 on the response (EOS included), 0 on BOS/prompt/pad
+    CHECK(row_of(b->tensor(keys::chosen_response_mask), 0) == std::vector<int64_t>{0, 0, 1, 1, 1});
+    CHECK(row_of(b->tensor(keys::rejected_response_mask), 0) == std::vector<int64_t>{0, 0, 1, 1, 0});
     CHECK(b->column("chosen") == Column{"cc"});
-
-    auto kto = from_text<LabelledDataset>(
-        "{\"prompt\": \"a\", \"completion\": \"xx\", \"label\": true}\n"
-        "{\"prompt\": \"bb\", \"completion\": \"y\", \"label\": false}\n");
-    auto lk = Loader<Bucketed>::make(std::move(kto), BucketedOptions{}.batch_size(2).shuffle(false));
-    b = lk.next();
-    REQUIRE(b);
-    // both units are 5 tokens; stable order keeps [0, 1]; KL pairs: a+y, bb+xx
-    CHECK(row_of(b->tensor("input_ids"), 0) == std::vector<int64_t>{bos, 'a', 'x', 'x', eos, pad});
-    CHECK(row_of(b->tensor("kl_input_ids"), 0) == std::vector<int64_t>{bos, 'a', 'y', eos, pad, pad});
-    CHECK(row_of(b->tensor("kl_input_ids"), 1) == std::vector<int64_t>{bos, 'b', 'b', 'x', 'x', eos});
-    CHECK(row_of(b->tensor("kl_loss_mask"), 1) == std::vector<int64_t>{0, 0, 0, 1, 1, 1});
-    CHECK(b->tensor("label").equal(at::tensor({1, 0}, at::kByte).to(at::kBool)));
+    b->require({keys::chosen_input_ids, keys::chosen_attention_mask, keys::chosen_position_ids,
+                keys::chosen_response_mask, keys::rejected_input_ids, keys::rejected_attention_mask,
+                keys::rejected_position_ids, keys::rejected_response_mask, keys::uid},
+               "DPO loader output");
   }
 
-  TEST_CASE("Packed DPO: positions restart, cu_seqlens, masks; sequences reconstruct exactly") {
+  TEST_CASE("KTO batch: desirable [B] bool; the mismatched pair of row i is row (i - 1) mod B (TRL)") {
+    // Three units of equal length (5 tokens with BOS/EOS) so the stable order keeps [0, 1, 2].
+    auto kto = from_text<LabelledDataset>(
+        "{\"prompt\": \"a\", \"completion\": \"xx\", \"label\": true}\n"
+        "{\"prompt\": \"bb\", \"completion\": \"y\", \"label\": false}\n"
+        "{\"prompt\": \"c\", \"completion\": \"zz\", \"label\": true}\n");
+    auto lk = Loader<Bucketed>::make(std::move(kto), BucketedOptions{}.batch_size(3).shuffle(false));
+    auto b = lk.next();
+    REQUIRE(b);
+    const int64_t pad = ByteTokenizer::kPad, bos = ByteTokenizer::kBos, eos = ByteTokenizer::kEos;
+    CHECK(row_of(b->tensor(keys::input_ids), 0) == std::vector<int64_t>{bos, 'a', 'x', 'x', eos, pad});
+    // TRL's _get_kl_dataset: completions rotated [c[-1]] + c[:-1], so prompt i meets completion
+    // i - 1: a + zz (row 2), bb + xx (row 0), c + y (row 1).
+    CHECK(row_of(b->tensor(keys::kl_input_ids), 0) == std::vector<int64_t>{bos, 'a', 'z', 'z', eos, pad});
+    CHECK(row_of(b->tensor(keys::kl_input_ids), 1) == std::vector<int64_t>{bos, 'b', 'b', 'x', 'x', eos});
+    CHECK(row_of(b->tensor(keys::kl_input_ids), 2) == std::vector<int64_t>{bos, 'c', 'y', eos, pad, pad});
+    CHECK(row_of(b->tensor(keys::kl_response_mask), 1) == std::vector<int64_t>{0, 0, 0, 1, 1, 1});
+    CHECK(row_of(b->tensor(keys::response_mask), 2) == std::vector<int64_t>{0, 0, 1, 1, 1, 0});
+    const auto& desirable = b->tensor(keys::desirable);
+    CHECK((desirable.scalar_type() == at::kBool));
+    CHECK(desirable.equal(at::tensor({1, 0, 1}, at::kByte).to(at::kBool)));
+    CHECK_FALSE(b->has_tensor("label"));
+    // the loss side's convention is the same: kto_mismatched_index(B)[i] is the row whose
+    // completion row i's mismatched pair carries
+    const auto partner = kto_mismatched_index(3);
+    auto response_tokens = [&](const std::string& prefix, int64_t r) {
+      const auto ids = row_of(b->tensor(prefix + "input_ids"), r), m = row_of(b->tensor(prefix + "response_mask"), r);
+      std::vector<int64_t> out;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        if (m[t] == 1) out.push_back(ids[t]);
+      }
+      return out;
+    };
+    for (int64_t i = 0; i < 3; ++i) CHECK(response_tokens("kl_", i) == response_tokens("", partner[i].item<int64_t>()));
+    b->require({keys::input_ids, keys::attention_mask, keys::response_mask, keys::kl_input_ids,
+                keys::kl_attention_mask, keys::kl_response_mask, keys::desirable},
+               "KTO loader output");
+  }
+
+  TEST_CASE("Packed DPO: per-sequence batches; pack() restarts positions, cu_seqlens, masks; exact rebuild") {
     auto data = std::make_shared<const PreferenceDataset>(from_text<PreferenceDataset>(pair_lines(40, 1)));
-    auto loader = Loader<Packed>::make(data, PackedOptions{}.batch_size(8).row_length(32).seed(3));
-    int64_t batches = 0, units = 0;
+    const auto opts = PackedOptions{}.batch_size(8).row_length(32).seed(3);
+    auto loader = Loader<Packed>::make(data, opts);
+    int64_t batches = 0, units = 0, real = 0, positions = 0;
     while (auto b = loader.next()) {
       ++batches;
-      const auto& ids = b->tensor("input_ids");
+      CHECK(b->size() == 8);  // one row per pair: the batch is per-sequence
+      const auto p = Loader<Packed>::pack(*b, opts);
+      REQUIRE(p.roles == std::vector<std::string>{"chosen_", "rejected_"});
+      const auto& ids = p.rows.tensor(keys::input_ids);
       const auto rows = ids.size(0);
-      const auto& meta = b->meta();
-      const auto n_seq = meta["sequence_unit"].size();
-      std::vector<std::vector<int64_t>> rebuilt(n_seq);
-      std::vector<int64_t> loss_tokens(n_seq, 0);
+      const auto n_seq = p.sequences();
+      CHECK(n_seq == 16);
+      std::vector<std::vector<int64_t>> rebuilt(static_cast<size_t>(n_seq));
+      std::vector<int64_t> loss_tokens(static_cast<size_t>(n_seq), 0);
       for (int64_t r = 0; r < rows; ++r) {
-        const auto tok = row_of(ids, r), pos = row_of(b->tensor("position_ids"), r),
-                   seg = row_of(b->tensor("segment_ids"), r), loss = row_of(b->tensor("loss_mask"), r),
-                   mask = row_of(b->tensor("attention_mask"), r);
-        auto cu = b->tensor("cu_seqlens")[r].to(at::kLong).contiguous();
+        const auto tok = row_of(ids, r), pos = row_of(p.rows.tensor(keys::position_ids), r),
+                   seg = row_of(p.rows.tensor(keys::segment_ids), r),
+                   loss = row_of(p.rows.tensor(keys::response_mask), r),
+                   mask = row_of(p.rows.tensor(keys::attention_mask), r);
+        auto cu = p.rows.tensor(keys::cu_seqlens)[r].to(at::kLong).contiguous();
         std::vector<int64_t> bounds(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
         int64_t k = 0;
         for (int64_t t = 0; t < 32; ++t) {
@@ -199,34 +252,25 @@ TEST_SUITE("data/loader") {
         const auto used = std::count_if(mask.begin(), mask.end(), [](int64_t m) { return m == 1; });
         CHECK(bounds.back() == used);
       }
-      // each pair's chosen and rejected sequence is in this batch, token for token
-      const auto uids = b->column("uid");
-      std::map<int64_t, std::string> uid_of_unit;
-      for (int64_t r = 0; r < rows; ++r) {
-        auto segs = row_of(b->tensor("segment_ids"), r);
-        std::set<int64_t> in_row(segs.begin(), segs.end());
-        in_row.erase(-1);
-        size_t j = 0;
-        for (auto si : in_row) {
-          uid_of_unit[meta["sequence_unit"][static_cast<size_t>(si)].get<int64_t>()] =
-              uids[static_cast<size_t>(r)][j++].get<std::string>();
-        }
-      }
-      CHECK(static_cast<int64_t>(uid_of_unit.size()) == meta["num_units"].get<int64_t>());
-      for (size_t si = 0; si < n_seq; ++si) {
-        const auto unit = meta["sequence_unit"][si].get<int64_t>();
-        const auto index = std::stoll(uid_of_unit[unit].substr(1));
+      // every pair's chosen and rejected sequence is in the packed rows, token for token: the
+      // uid column of the per-sequence batch names the sample of each unit
+      const auto unit = flat(p.sequence_unit), role = flat(p.sequence_role);
+      for (int64_t si = 0; si < n_seq; ++si) {
+        const auto u = static_cast<size_t>(unit[static_cast<size_t>(si)]);
+        const auto index = std::stoll(b->column("uid")[u].get<std::string>().substr(1));
         const auto& sample = (*data)[index];
-        const bool chosen = meta["sequence_role"][si] == "chosen";
+        const bool chosen = p.roles[static_cast<size_t>(role[static_cast<size_t>(si)])] == "chosen_";
         const auto& want = chosen ? sample.chosen_ids : sample.rejected_ids;
-        CHECK(rebuilt[si] == want);
-        CHECK(loss_tokens[si] == static_cast<int64_t>(want.size()) - sample.prompt_length);
+        CHECK(rebuilt[static_cast<size_t>(si)] == want);
+        CHECK(loss_tokens[static_cast<size_t>(si)] == static_cast<int64_t>(want.size()) - sample.prompt_length);
+        real += static_cast<int64_t>(want.size());
       }
-      units += meta["num_units"].get<int64_t>();
+      positions += rows * 32;
+      units += b->size();
     }
     CHECK(batches == 5);
     CHECK(units == 40);
-    CHECK(loader.statistics().padding_waste() < 0.5);
+    CHECK(static_cast<double>(positions - real) / static_cast<double>(positions) < 0.5);
   }
 
   TEST_CASE("each unit exactly once per epoch; seeded order differs per epoch and per seed") {
@@ -241,7 +285,7 @@ TEST_SUITE("data/loader") {
     REQUIRE(fa.size() == 26);  // 13 batches per epoch
     std::vector<std::string> e0, e1;
     for (const auto& f : fa) {
-      for (const auto& u : f.uids) (f.meta["epoch"] == 0 ? e0 : e1).push_back(u.get<std::string>());
+      for (const auto& u : f.uids) (f.info.epoch == 0 ? e0 : e1).push_back(u.get<std::string>());
     }
     CHECK(e0 != e1);
     std::sort(e0.begin(), e0.end());
@@ -277,12 +321,12 @@ TEST_SUITE("data/loader") {
     exhausted.epoch = 0;
     exhausted.batch_in_epoch = 3;
     auto resumed = Loader<Packed>::make(data, opts, exhausted);
-    auto rest = drain(resumed, "input_ids");
+    auto rest = drain(resumed, "chosen_input_ids");
     CHECK(rest.size() == 6);
-    CHECK(rest.front().meta["epoch"] == 1);
+    CHECK(rest.front().info.epoch == 1);
     check_resume_everywhere(
         [&](std::optional<LoaderState> st) { return Loader<Packed>::make(data, opts, st); },
-        "input_ids", 9);
+        "chosen_input_ids", 9);
   }
 
   TEST_CASE("prefetched batches are in pinned memory exactly when CUDA is present (and pin_memory is on)") {
@@ -373,10 +417,12 @@ TEST_SUITE("data/loader") {
     {
       Prefetcher<int> p([&]() -> std::optional<int> { return calls++; }, 3);
       CHECK(p.next() == 0);
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      // the worker is now blocked on the full queue; the destructor must wake and join it
+      // Items 1, 2, 3 refill the queue of depth 3 (call 4 started after item 0 was taken), then
+      // the worker blocks on the full queue. Wait for that without assuming any timing...
+      while (calls.load() < 4) std::this_thread::yield();
+      // ...and the destructor must wake and join it.
     }
-    CHECK(calls.load() <= 5);
+    CHECK(calls.load() == 4);  // a full queue stops the producer: no fifth call
     // and a loader dropped mid-epoch with prefetch on
     auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(100, 20, 3)));
     {
@@ -393,13 +439,127 @@ TEST_SUITE("data/loader") {
   }
 
   TEST_CASE("prefetch: a consumer slower than the producer never waits after warm-up") {
-    Prefetcher<int> p([n = 0]() mutable -> std::optional<int> { return n < 40 ? std::optional<int>(n++) : std::nullopt; }, 2);
-    int got = 0;
-    while (auto v = p.next()) {
-      CHECK(*v == got++);
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    // "Slower" made exact instead of by sleeps: before asking for item i the consumer waits until
+    // the producer has begun call i + 2, which it does only after pushing item i.
+    std::atomic<int> calls{0};
+    Prefetcher<int> p(
+        [&, n = 0]() mutable -> std::optional<int> {
+          ++calls;
+          return n < 40 ? std::optional<int>(n++) : std::nullopt;
+        },
+        2);
+    for (int i = 0; i < 40; ++i) {
+      while (calls.load() < i + 2) std::this_thread::yield();
+      auto v = p.next();
+      REQUIRE(v);
+      CHECK(*v == i);
     }
-    CHECK(got == 40);
     CHECK(p.waits() == 0);
+    CHECK_FALSE(p.next());
+  }
+
+  TEST_CASE("prefetch: a consumer faster than the producer counts its waits") {
+    // The producer blocks on a gate the consumer opens only after it has started waiting: every
+    // next() after the first must wait.
+    std::atomic<int> gate{0};
+    Prefetcher<int> p(
+        [&, n = 0]() mutable -> std::optional<int> {
+          while (gate.load() <= n) std::this_thread::yield();
+          return n < 3 ? std::optional<int>(n++) : std::nullopt;
+        },
+        1);
+    gate = 1;
+    CHECK(p.next() == 0);
+    for (int i = 1; i < 3; ++i) {
+      std::thread opener([&, i] {
+        while (p.waits() < i) std::this_thread::yield();
+        gate = i + 1;
+      });
+      CHECK(p.next() == i);
+      opener.join();
+    }
+    CHECK(p.waits() == 2);
+    gate = 100;  // let the producer reach its end so the destructor can join it
+  }
+
+  TEST_CASE_TEMPLATE("both loaders: same samples per epoch, same keys, exact resume", P, Loader<Bucketed>,
+                     Loader<Packed>) {
+    auto data = std::make_shared<const PreferenceDataset>(from_text<PreferenceDataset>(pair_lines(21, 5)));
+    const auto opts = common_options<P>(4, 11, 2);
+    auto loader = P::make(data, opts);
+    std::vector<std::string> e0, e1;
+    std::set<std::string> keys0;
+    int64_t batches = 0;
+    while (auto b = loader.next()) {
+      ++batches;
+      if (batches == 1) {
+        const auto k = b->tensor_keys();
+        keys0.insert(k.begin(), k.end());
+      }
+      const auto k = b->tensor_keys();
+      CHECK(std::set<std::string>(k.begin(), k.end()) == keys0);
+      CHECK(b->meta().empty());
+      for (const Value& u : b->column(keys::uid)) (loader.info().epoch == 0 ? e0 : e1).push_back(u.get<std::string>());
+    }
+    CHECK(batches == 12);  // 21 pairs in batches of 4: 6 per epoch
+    CHECK(keys0 == std::set<std::string>{"chosen_attention_mask", "chosen_input_ids", "chosen_position_ids",
+                                         "chosen_response_mask", "rejected_attention_mask",
+                                         "rejected_input_ids", "rejected_position_ids",
+                                         "rejected_response_mask"});
+    std::sort(e0.begin(), e0.end());
+    std::sort(e1.begin(), e1.end());
+    CHECK(e0.size() == 21);
+    CHECK(std::adjacent_find(e0.begin(), e0.end()) == e0.end());
+    CHECK(e0 == e1);
+    check_resume_everywhere([&](std::optional<LoaderState> s) { return P::make(data, opts, s); },
+                            "chosen_input_ids", 12);
+  }
+
+  TEST_CASE_TEMPLATE("two consecutive loader batches concat; slices carry only their own facts", P,
+                     Loader<Bucketed>, Loader<Packed>) {
+    auto data = std::make_shared<const PromptDataset>(from_text<PromptDataset>(prompt_lines(9, 20, 8)));
+    auto loader = P::make(data, common_options<P>(4, 2, 1));
+    auto a = loader.next();
+    const auto ia = loader.info();
+    auto b = loader.next();
+    const auto ib = loader.info();
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(ia.step_in_epoch == 0);
+    CHECK(ib.step_in_epoch == 1);
+    // The two batches differ in width (each is padded to its own longest prompt) and in step; the
+    // loader's padding makes them one left-padded batch.
+    const TensorBatch both = TensorBatch::concat({*a, *b}, loader.padding());
+    REQUIRE(both.size() == 8);
+    const int64_t width = std::max(a->tensor(keys::input_ids).size(1), b->tensor(keys::input_ids).size(1));
+    CHECK(both.tensor(keys::input_ids).size(1) == width);
+    const auto counts = token_counts(both);
+    CHECK(counts.real == ia.real_tokens + ib.real_tokens);
+    CHECK(counts.padded == 8 * width);
+    for (int64_t r = 0; r < 8; ++r) {
+      const auto& src = r < 4 ? *a : *b;
+      const int64_t i = r % 4;
+      const auto ids = row_of(src.tensor(keys::input_ids), i), mask = row_of(src.tensor(keys::attention_mask), i);
+      const auto got = row_of(both.tensor(keys::input_ids), r), got_mask = row_of(both.tensor(keys::attention_mask), r);
+      const auto shift = static_cast<size_t>(width) - ids.size();  // left padding grows on the left
+      for (size_t t = 0; t < shift; ++t) {
+        CHECK(got[t] == data->pad_id());
+        CHECK(got_mask[t] == 0);
+      }
+      CHECK(std::vector<int64_t>(got.begin() + static_cast<std::ptrdiff_t>(shift), got.end()) == ids);
+      CHECK(std::vector<int64_t>(got_mask.begin() + static_cast<std::ptrdiff_t>(shift), got_mask.end()) == mask);
+      CHECK(both.column(keys::uid)[static_cast<size_t>(r)] == src.column(keys::uid)[static_cast<size_t>(i)]);
+    }
+    // chunk / slice / reorder: every fact travels with its rows (tensors, columns), none is left in
+    // metadata describing the whole batch
+    const auto halves = both.chunk(2);
+    CHECK(token_counts(halves[0]).real == ia.real_tokens);
+    CHECK(token_counts(halves[1]).real == ib.real_tokens);
+    CHECK(halves[0].meta().empty());
+    const auto picked = both.reorder(at::tensor(std::vector<int64_t>{7, 0}, at::kLong));
+    CHECK(token_counts(picked).real ==
+          both.tensor(keys::attention_mask)[7].sum().item<int64_t>() +
+              both.tensor(keys::attention_mask)[0].sum().item<int64_t>());
+    CHECK(picked.column(keys::uid) == Column{both.column(keys::uid)[7], both.column(keys::uid)[0]});
   }
 }

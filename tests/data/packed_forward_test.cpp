@@ -25,21 +25,35 @@ ModelConfig tiny_byte_model() {
   return c;
 }
 
-// Sum of log p(ids[t] | ids[<t]) over response tokens t (loss_mask 1), for one row of logits.
+// Sum of log p(ids[t] | ids[<t]) over response tokens t (response_mask 1), for one row of logits.
 double response_log_prob(const at::Tensor& logits_row, const std::vector<int64_t>& ids,
-                         const std::vector<int64_t>& loss, int64_t offset) {
+                         const std::vector<int64_t>& resp, int64_t offset) {
   auto lp = at::log_softmax(logits_row.to(at::kDouble), -1);
   double s = 0;
   for (size_t t = 1; t < ids.size(); ++t) {
-    if (loss[t] == 1) s += lp[offset + static_cast<int64_t>(t) - 1][ids[t]].item<double>();
+    if (resp[t] == 1) s += lp[offset + static_cast<int64_t>(t) - 1][ids[t]].item<double>();
   }
   return s;
+}
+
+std::vector<int64_t> row_vec(const at::Tensor& t, int64_t r) {
+  auto c = t[r].to(at::kLong).contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+// Per-token log-probs of a [R, L] forward, aligned with the tokens (keys.hpp): entry t is
+// log p(ids[t] | earlier tokens of its sequence), 0 where position_ids is 0 (a sequence start).
+at::Tensor token_log_probs(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& pos) {
+  auto lp = at::log_softmax(logits.to(at::kDouble), -1);
+  auto next = lp.slice(1, 0, -1).gather(-1, ids.slice(1, 1).unsqueeze(-1)).squeeze(-1);
+  auto out = at::cat({at::zeros({ids.size(0), 1}, next.options()), next}, 1);
+  return out * (pos > 0).to(at::kDouble);
 }
 
 }  // namespace
 
 TEST_SUITE("data/packed_forward") {
-  TEST_CASE("packed rows give the same per-sequence log-probs as unpacked forwards") {
+  TEST_CASE("packed rows give the same per-sequence log-probs as unpacked forwards, through pack/unpack") {
     at::manual_seed(0);
     CausalLM model(tiny_byte_model());
     model->eval();
@@ -54,61 +68,45 @@ TEST_SUITE("data/packed_forward") {
     std::istringstream in(text);
     auto data = std::make_shared<const PreferenceDataset>(
         PreferenceDataset::from_stream(in, "mem.jsonl", ByteTokenizer{}));
-    auto loader = Loader<Packed>::make(data, PackedOptions{}.batch_size(6).row_length(24).prefetch_factor(0));
+    const auto opts = PackedOptions{}.batch_size(6).row_length(24).prefetch_factor(0);
+    auto loader = Loader<Packed>::make(data, opts);
     auto b = loader.next();
     REQUIRE(b);
-    REQUIRE(b->tensor("input_ids").size(0) >= 2);  // several rows, several sequences per row
-    const auto logits = model->forward(b->tensor("input_ids"), ForwardArgs{}.cu_seqlens(b->tensor("cu_seqlens")));
-    const auto& meta = b->meta();
-    const auto n_seq = meta["sequence_unit"].size();
-    std::vector<double> packed(n_seq, 0.0);
-    std::vector<int64_t> checked(n_seq, 0);
-    const auto ids = b->tensor("input_ids"), seg = b->tensor("segment_ids"), loss = b->tensor("loss_mask");
-    for (int64_t r = 0; r < ids.size(0); ++r) {
-      int64_t start = 0;
-      while (start < ids.size(1) && seg[r][start].item<int64_t>() >= 0) {
-        const auto s = seg[r][start].item<int64_t>();
-        int64_t end = start;
-        std::vector<int64_t> tok, lm;
-        while (end < ids.size(1) && seg[r][end].item<int64_t>() == s) {
-          tok.push_back(ids[r][end].item<int64_t>());
-          lm.push_back(loss[r][end].item<int64_t>());
-          ++end;
-        }
-        packed[static_cast<size_t>(s)] = response_log_prob(logits[r], tok, lm, start);
-        // the same sequence alone, unpacked
+    const auto p = Loader<Packed>::pack(*b, opts);
+    const auto& ids = p.rows.tensor(keys::input_ids);
+    REQUIRE(ids.size(0) >= 2);  // several rows, several sequences per row
+    REQUIRE(ids.size(0) < p.sequences());
+    const auto logits = model->forward(ids, ForwardArgs{}.cu_seqlens(p.rows.tensor(keys::cu_seqlens)));
+    const auto lp = token_log_probs(logits, ids, p.rows.tensor(keys::position_ids));
+    const auto resp = p.rows.tensor(keys::response_mask).to(at::kDouble);
+    // the packed path: per-token log-probs × response mask, summed per sequence by unpack_sum
+    for (const std::string role : {"chosen_", "rejected_"}) {
+      CAPTURE(role);
+      const auto sums = unpack_sum(p, lp * resp, role);
+      REQUIRE(sums.size(0) == b->size());
+      for (int64_t row = 0; row < b->size(); ++row) {
+        // the same sequence alone, unpadded
+        const auto mask = row_vec(b->tensor(role + "attention_mask"), row);
+        const auto n = std::count(mask.begin(), mask.end(), 1);
+        auto tok = row_vec(b->tensor(role + "input_ids"), row);
+        auto rm = row_vec(b->tensor(role + "response_mask"), row);
+        tok.resize(static_cast<size_t>(n));  // right-padded: the real tokens come first
+        rm.resize(static_cast<size_t>(n));
         auto alone = model->forward(at::tensor(tok, at::kLong).unsqueeze(0));
-        const double want = response_log_prob(alone[0], tok, lm, 0);
-        CHECK(packed[static_cast<size_t>(s)] == doctest::Approx(want).epsilon(1e-5));
-        ++checked[static_cast<size_t>(s)];
-        start = end;
+        const double want = response_log_prob(alone[0], tok, rm, 0);
+        CHECK(sums[row].item<double>() == doctest::Approx(want).epsilon(1e-5));
       }
     }
-    for (auto c : checked) CHECK(c == 1);
-    // and against the Bucketed (padded, right-padded) batch of the same units: chosen sums agree
-    auto padded = Loader<Bucketed>::make(data, BucketedOptions{}.batch_size(6).shuffle(false).prefetch_factor(0));
-    auto pb = padded.next();
-    REQUIRE(pb);
-    const auto plogits = model->forward(pb->tensor("chosen_input_ids"),
-                                        ForwardArgs{}.attention_mask(pb->tensor("chosen_attention_mask")));
-    for (int64_t row = 0; row < pb->size(); ++row) {
-      const auto uid = pb->column("uid")[static_cast<size_t>(row)].get<std::string>();
-      auto row_ids = pb->tensor("chosen_input_ids")[row].contiguous();
-      auto row_loss = pb->tensor("chosen_loss_mask")[row].contiguous();
-      std::vector<int64_t> tok(row_ids.data_ptr<int64_t>(), row_ids.data_ptr<int64_t>() + row_ids.numel());
-      std::vector<int64_t> lm(row_loss.data_ptr<int64_t>(), row_loss.data_ptr<int64_t>() + row_loss.numel());
-      const double got = response_log_prob(plogits[row], tok, lm, 0);
-      // find this pair's chosen sequence among the packed ones
-      bool found = false;
-      for (size_t s = 0; s < n_seq; ++s) {
-        if (meta["sequence_role"][s] != "chosen") continue;
-        const auto unit = meta["sequence_unit"][s].get<int64_t>();
-        // packed units are in sorted dataset order (batch = all 6), so unit k is sample k
-        if ("u" + std::to_string(unit) != uid) continue;
-        CHECK(got == doctest::Approx(packed[s]).epsilon(1e-5));
-        found = true;
-      }
-      CHECK(found);
-    }
+    // and against the padded per-sequence batch itself: unpack gives the [B, T] layout whose
+    // entries equal the padded forward's per-token log-probs on every real token
+    const auto plogits = model->forward(b->tensor(keys::chosen_input_ids),
+                                        ForwardArgs{}.attention_mask(b->tensor(keys::chosen_attention_mask)));
+    const auto padded_lp = token_log_probs(plogits, b->tensor(keys::chosen_input_ids),
+                                           b->tensor(keys::chosen_position_ids));
+    const auto unpacked = unpack(p, lp, "chosen_");
+    REQUIRE(unpacked.sizes() == padded_lp.sizes());
+    const auto real = b->tensor(keys::chosen_attention_mask).to(at::kDouble);
+    CHECK((unpacked * real - padded_lp * real).abs().max().item<double>() < 1e-5);
+    CHECK((unpacked * (1 - real)).abs().max().item<double>() == 0.0);
   }
 }

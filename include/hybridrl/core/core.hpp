@@ -13,3 +13,5 @@
 #include "hybridrl/core/policy.hpp"
 #include "hybridrl/core/tags.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/core/keys.hpp"
+#include "hybridrl/core/rng.hpp"

@@ -140,6 +140,19 @@ inline constexpr std::array all{
     scores, token_level_scores, token_level_rewards, advantages, returns, prompt_text, answer,
     data_source, uid, extra, response_text};
 
+/// The role prefixes of the sequences of one unit ("<role>input_ids"...), in the order packing and
+/// token counting visit them: "" (the sequence), DPO's "chosen_" and "rejected_", KTO's "kl_".
+inline constexpr std::array<std::string_view, 4> roles{"", "chosen_", "rejected_", "kl_"};
+
+/// "<role><key>": with_role("chosen_", keys::input_ids) = "chosen_input_ids".
+[[nodiscard]] inline std::string with_role(std::string_view role, const Key& key) {
+  std::string out;
+  out.reserve(role.size() + key.name.size());
+  out.append(role);
+  out.append(key.name);
+  return out;
+}
+
 /// The Key named `name`, or nullptr for a name that is not a cross-axis key.
 [[nodiscard]] constexpr const Key* find(std::string_view name) noexcept {
   for (const auto& k : all) {

@@ -14,13 +14,18 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/core/keys.hpp"
+#include "hybridrl/core/options.hpp"
 
 namespace hybridrl {
 
@@ -33,6 +38,26 @@ class TensorBatch;
 
 /// Result of TensorBatch::pad_to_divisor: the padded batch and how many rows were appended.
 struct PaddedBatch;
+
+/// Where padding goes in a padded row.
+enum class PaddingSide { left, right };
+HYBRIDRL_ENUM_NAMES(PaddingSide, left, right);
+
+/// How TensorBatch::concat pads token tensors of different widths to one width: 2-D tensors whose
+/// dim 1 differs between parts are padded on `side` with `values[key]` (0 for a key not listed).
+/// A loader returns the padding of its batches (BatchLoader::padding()).
+struct ConcatPadding {
+  PaddingSide side = PaddingSide::right;  ///< left for prompt batches, right for full sequences
+  std::map<std::string, int64_t> values;  ///< pad value per key, e.g. {"input_ids", pad_id}
+};
+
+namespace detail {
+/// The producer named in a missing-key error: the Key's own, or keys::find's for a plain string.
+inline std::string producer_of(std::string_view name) {
+  const Key* k = keys::find(name);
+  return k == nullptr ? std::string("not a cross-axis key (core/keys.hpp)") : std::string(k->producer);
+}
+}  // namespace detail
 
 /// Named tensors with a common leading (batch) dimension, non-tensor columns and metadata.
 class TensorBatch {
@@ -58,24 +83,61 @@ class TensorBatch {
   [[nodiscard]] bool has_tensor(const std::string& key) const { return tensors_.count(key) != 0; }
   [[nodiscard]] bool has_column(const std::string& key) const { return columns_.count(key) != 0; }
 
-  /// The tensor stored under `key`; throws naming the keys that exist when it is missing.
+  /// True when `key` is stored as a tensor or as a column.
+  [[nodiscard]] bool has(std::string_view key) const {
+    const std::string k(key);
+    return has_tensor(k) || has_column(k);
+  }
+
+  /// The tensor stored under `key`; throws naming the key's producer (core/keys.hpp) and the
+  /// tensors that exist when it is missing.
   [[nodiscard]] const at::Tensor& tensor(const std::string& key) const {
     auto it = tensors_.find(key);
-    HYBRIDRL_CHECK(it != tensors_.end(),
-                   fmt::format("TensorBatch has no tensor '{}' (tensors: [{}])", key,
-                               fmt::join(tensor_keys(), ", ")),
-                   "produce it earlier in the pipeline, or check the key's spelling");
+    if (it == tensors_.end()) throw_no_tensor(key, detail::producer_of(key));  // looked up only then
+    return it->second;
+  }
+  /// The tensor stored under a cross-axis key; a missing key's error names its producer.
+  [[nodiscard]] const at::Tensor& tensor(const Key& key) const {
+    auto it = tensors_.find(key.str());
+    if (it == tensors_.end()) throw_no_tensor(key.str(), std::string(key.producer));
     return it->second;
   }
 
-  /// The non-tensor column stored under `key`; throws naming the columns that exist when missing.
+  /// The non-tensor column stored under `key`; throws naming the producer and the columns that
+  /// exist when it is missing.
   [[nodiscard]] const Column& column(const std::string& key) const {
     auto it = columns_.find(key);
-    HYBRIDRL_CHECK(it != columns_.end(),
-                   fmt::format("TensorBatch has no column '{}' (columns: [{}])", key,
-                               fmt::join(column_keys(), ", ")),
-                   "produce it earlier in the pipeline, or check the key's spelling");
+    if (it == columns_.end()) throw_no_column(key, detail::producer_of(key));
     return it->second;
+  }
+  /// The column stored under a cross-axis key; a missing key's error names its producer.
+  [[nodiscard]] const Column& column(const Key& key) const {
+    auto it = columns_.find(key.str());
+    if (it == columns_.end()) throw_no_column(key.str(), std::string(key.producer));
+    return it->second;
+  }
+
+  /// Checks at a phase boundary that every key is present (as a tensor or a column). Throws once,
+  /// listing each missing key with its producer and the stage that needs it, so a pipeline fails
+  /// before the expensive phases instead of at the first read.
+  void require(std::span<const Key> needed, std::string_view stage) const {
+    std::vector<std::string> missing;
+    for (const auto& k : needed) {
+      if (!has(k.name)) missing.push_back(fmt::format("'{}' {} {} (produced by {})", k.name, k.shape, k.dtype, k.producer));
+    }
+    throw_missing(missing, stage);
+  }
+  /// require() for a braced list: `batch.require({keys::advantages, keys::response_mask}, "update")`.
+  void require(std::initializer_list<Key> needed, std::string_view stage) const {
+    require(std::span<const Key>(needed.begin(), needed.size()), stage);
+  }
+  /// require() for plain key names; the producer comes from keys::find.
+  void require(std::span<const std::string_view> needed, std::string_view stage) const {
+    std::vector<std::string> missing;
+    for (const auto& k : needed) {
+      if (!has(k)) missing.push_back(fmt::format("'{}' (produced by {})", k, detail::producer_of(k)));
+    }
+    throw_missing(missing, stage);
   }
 
   /// Stores (or replaces) a tensor; its dim 0 must equal size() unless the batch is empty.
@@ -221,8 +283,11 @@ class TensorBatch {
     return split(part_size, (size() + part_size - 1) / part_size);
   }
 
-  /// Concatenates batches with identical tensor keys, column keys and compatible metadata.
-  [[nodiscard]] static TensorBatch concat(const std::vector<TensorBatch>& parts) {
+  /// Concatenates batches with identical tensor keys, column keys and compatible metadata; with
+  /// `padding`, 2-D tensors of different widths (token tensors of two loader batches) are first
+  /// padded to the widest on padding->side with padding->values[key].
+  [[nodiscard]] static TensorBatch concat(const std::vector<TensorBatch>& parts,
+                                          const std::optional<ConcatPadding>& padding = std::nullopt) {
     HYBRIDRL_CHECK(!parts.empty(), "concat: no batches given", "pass at least one TensorBatch");
     const auto& first = parts.front();
     TensorBatch out;
@@ -252,6 +317,7 @@ class TensorBatch {
       std::vector<at::Tensor> ts;
       ts.reserve(parts.size());
       for (const auto& p : parts) ts.push_back(p.tensors_.at(k));
+      if (padding) pad_widths(k, ts, *padding);
       for (size_t i = 1; i < ts.size(); ++i) {
         HYBRIDRL_CHECK(ts[i].sizes().slice(1) == ts[0].sizes().slice(1) &&
                            ts[i].scalar_type() == ts[0].scalar_type() &&
@@ -354,6 +420,50 @@ class TensorBatch {
     ks.reserve(m.size());
     for (const auto& kv : m) ks.push_back(kv.first);
     return ks;
+  }
+
+  [[noreturn]] void throw_no_tensor(const std::string& key, const std::string& producer) const {
+    throw Error(fmt::format("TensorBatch has no tensor '{}' (produced by {}; tensors: [{}])", key,
+                            producer, fmt::join(tensor_keys(), ", ")),
+                "run the component that produces it earlier in the pipeline, or check the key's "
+                "spelling (core/keys.hpp)");
+  }
+
+  [[noreturn]] void throw_no_column(const std::string& key, const std::string& producer) const {
+    throw Error(fmt::format("TensorBatch has no column '{}' (produced by {}; columns: [{}])", key,
+                            producer, fmt::join(column_keys(), ", ")),
+                "run the component that produces it earlier in the pipeline, or check the key's "
+                "spelling (core/keys.hpp)");
+  }
+
+  void throw_missing(const std::vector<std::string>& missing, std::string_view stage) const {
+    HYBRIDRL_CHECK(missing.empty(),
+                   fmt::format("stage '{}' needs {} key(s) the batch lacks: {} (the batch has tensors "
+                               "[{}], columns [{}])",
+                               stage, missing.size(), fmt::join(missing, "; "),
+                               fmt::join(tensor_keys(), ", "), fmt::join(column_keys(), ", ")),
+                   "run each named producer before this stage, or check the key's spelling "
+                   "against core/keys.hpp");
+  }
+
+  // Pads the 2-D tensors of `ts` to the widest dim 1 (only when widths differ).
+  static void pad_widths(const std::string& key, std::vector<at::Tensor>& ts, const ConcatPadding& p) {
+    int64_t widest = 0;
+    bool differ = false;
+    for (const auto& t : ts) {
+      if (t.dim() != 2) return;
+      if (widest != 0 && t.size(1) != widest) differ = true;
+      widest = std::max(widest, t.size(1));
+    }
+    if (!differ) return;
+    const auto it = p.values.find(key);
+    const int64_t value = it == p.values.end() ? 0 : it->second;
+    for (auto& t : ts) {
+      const int64_t extra = widest - t.size(1);
+      if (extra == 0) continue;
+      auto fill = at::full({t.size(0), extra}, value, t.options());
+      t = p.side == PaddingSide::left ? at::cat({fill, t}, 1) : at::cat({t, fill}, 1);
+    }
   }
 
   static std::string shape_str(const at::Tensor& t) {

@@ -1,20 +1,19 @@
 #pragma once
 /// \file
-/// Turns a list of dataset units into a TensorBatch: padded rows (Loader<Bucketed>, and prompt
-/// batches of either loader) or packed rows (Loader<Packed> for DPO/KTO). The keys are listed in
-/// docs/data.md; in short:
-/// - prompts: "input_ids", "attention_mask", "position_ids" ([B, T], left-padded by default).
-/// - DPO pairs (padded): "chosen_*" and "rejected_*" versions of input_ids / attention_mask /
-///   position_ids / loss_mask, [B, T], right-padded to one T.
-/// - KTO (padded): "input_ids", "attention_mask", "position_ids", "loss_mask", "kl_*" for the
-///   mismatched pair (prompt i with the completion of sample (i+1) mod B), and "label" [B] bool.
-/// - packed: "input_ids", "position_ids" (restarting per sequence), "attention_mask", "loss_mask",
-///   "segment_ids" (sequence index, -1 on padding), [R, row_length], and "cu_seqlens"
-///   [R, S+1] int32 (per-row boundaries, padded by repeating the row's end); meta
-///   "sequence_unit", "sequence_role", "sequence_label" (KTO) map sequences to units.
-/// Non-tensor columns: "prompt", "answer", "data_source", "uid", "extra" (remaining fields);
-/// in packed batches each column entry is the array of its row's sequences' values.
-/// Integer tensors are int64 (masks are 0/1 int64, as verl's attention_mask).
+/// Turns a list of dataset units into a per-sequence TensorBatch (one row per unit), with the keys
+/// of core/keys.hpp; the table is in docs/data.md. In short:
+/// - prompts: input_ids, attention_mask, position_ids ([B, T], left-padded by default).
+/// - DPO pairs: chosen_* and rejected_* versions of input_ids / attention_mask / position_ids /
+///   response_mask, [B, T], right-padded to one T.
+/// - KTO: input_ids, attention_mask, position_ids, response_mask; kl_* for the mismatched pair
+///   (prompt i with the completion of row (i − 1) mod B, TRL's `_get_kl_dataset` rotation); and
+///   desirable [B] bool.
+/// response_mask has the shape of its input_ids and is 1 on response tokens (EOS included), 0 on
+/// the prompt (so column 0, the BOS, is always 0) and on padding.
+/// Non-tensor columns: prompt, answer, data_source, uid, extra (remaining fields), and the raw
+/// chosen / rejected / completion text. Integer tensors are int64 (masks 0/1, as verl's).
+/// Batches carry no metadata: every fact about a row lives in a tensor or a column, so slice,
+/// chunk, reorder and concat keep them true. Packing for the forward passes is data/packing.hpp.
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -26,16 +25,11 @@
 #include <string>
 #include <vector>
 
-#include "hybridrl/core/options.hpp"
+#include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
 #include "hybridrl/data/dataset.hpp"
-#include "hybridrl/data/planning.hpp"
 
 namespace hybridrl {
-
-/// Where padding goes in a padded row.
-enum class PaddingSide { left, right };
-HYBRIDRL_ENUM_NAMES(PaddingSide, left, right);
 
 namespace detail {
 
@@ -73,7 +67,7 @@ inline std::vector<BatchSequence> batch_sequences(const LabelledDataset& d,
   const size_t b = units.size();
   for (size_t u = 0; u < b; ++u) {
     const auto& s = d[units[u]];
-    const auto& partner = d[units[(u + 1) % b]];
+    const auto& partner = d[units[(u + b - 1) % b]];  // TRL: [c[-1]] + c[:-1]
     const auto pl = static_cast<int64_t>(s.prompt_ids.size());
     out.push_back({s.ids, pl, static_cast<int64_t>(u), "completion"});
     std::vector<int64_t> kl = s.prompt_ids;
@@ -89,10 +83,10 @@ std::map<std::string, Column> unit_columns(const D& d, std::span<const int64_t> 
   for (auto i : units) {
     const auto& s = d[i];
     const auto& r = s.record;
-    cols["prompt"].push_back(r.value("prompt", std::string{}));
-    cols["answer"].push_back(r.contains("answer") ? r["answer"] : nlohmann::json());
-    cols["data_source"].push_back(s.data_source);
-    cols["uid"].push_back(s.uid);
+    cols[keys::prompt_text.str()].push_back(r.value("prompt", std::string{}));
+    cols[keys::answer.str()].push_back(r.contains("answer") ? r["answer"] : nlohmann::json());
+    cols[keys::data_source.str()].push_back(s.data_source);
+    cols[keys::uid.str()].push_back(s.uid);
     nlohmann::json extra = nlohmann::json::object();
     for (const auto& [k, v] : r.items()) {
       if (k != "prompt" && k != "answer" && k != "data_source" && k != "uid" && k != "id" &&
@@ -100,7 +94,7 @@ std::map<std::string, Column> unit_columns(const D& d, std::span<const int64_t> 
         extra[k] = v;
       }
     }
-    cols["extra"].push_back(std::move(extra));
+    cols[keys::extra.str()].push_back(std::move(extra));
     if constexpr (std::is_same_v<D, PreferenceDataset>) {
       cols["chosen"].push_back(r["chosen"]);
       cols["rejected"].push_back(r["rejected"]);
@@ -111,10 +105,10 @@ std::map<std::string, Column> unit_columns(const D& d, std::span<const int64_t> 
 }
 
 /// Pads the given sequences to `width` columns; writes "<prefix>input_ids", "attention_mask",
-/// "position_ids" and (when `with_loss_mask`) "loss_mask" into `batch`.
+/// "position_ids" and (when `with_response_mask`) "response_mask" into `batch`.
 inline void put_padded(TensorBatch& batch, const std::vector<const BatchSequence*>& seqs,
                        int64_t width, int64_t pad_id, PaddingSide side, const std::string& prefix,
-                       bool with_loss_mask) {
+                       bool with_response_mask) {
   const auto b = static_cast<int64_t>(seqs.size());
   auto ids = at::full({b, width}, pad_id, at::kLong);
   auto mask = at::zeros({b, width}, at::kLong);
@@ -135,10 +129,10 @@ inline void put_padded(TensorBatch& batch, const std::vector<const BatchSequence
       pl[off + t] = t >= s.prompt_length ? 1 : 0;
     }
   }
-  batch.set(prefix + "input_ids", ids);
-  batch.set(prefix + "attention_mask", mask);
-  batch.set(prefix + "position_ids", pos);
-  if (with_loss_mask) batch.set(prefix + "loss_mask", loss);
+  batch.set(keys::with_role(prefix, keys::input_ids), ids);
+  batch.set(keys::with_role(prefix, keys::attention_mask), mask);
+  batch.set(keys::with_role(prefix, keys::position_ids), pos);
+  if (with_response_mask) batch.set(keys::with_role(prefix, keys::response_mask), loss);
 }
 
 inline int64_t longest(const std::vector<BatchSequence>& seqs) {
@@ -149,8 +143,28 @@ inline int64_t longest(const std::vector<BatchSequence>& seqs) {
 
 }  // namespace detail
 
-/// A padded batch of the given units (prompts are padded on `prompt_side`, full sequences on the
-/// right). Meta: "num_tokens" (real tokens) and "padded_tokens" (all positions).
+/// Real (attention_mask 1) and all positions over every role's token tensors of a batch.
+struct TokenCounts {
+  int64_t real = 0;    ///< non-padding tokens
+  int64_t padded = 0;  ///< all positions (real + padding)
+};
+
+/// Counts the tokens of a per-sequence batch from its masks ("<role>attention_mask" of every role
+/// in keys::roles), so the counts of a slice or a concat are always its own.
+[[nodiscard]] inline TokenCounts token_counts(const TensorBatch& batch) {
+  TokenCounts c;
+  for (auto role : keys::roles) {
+    const auto key = keys::with_role(role, keys::attention_mask);
+    if (!batch.has_tensor(key)) continue;
+    const auto& m = batch.tensor(key);
+    c.real += m.sum().item<int64_t>();
+    c.padded += m.numel();
+  }
+  return c;
+}
+
+/// A padded per-sequence batch of the given units (prompts are padded on `prompt_side`, full
+/// sequences on the right); no metadata.
 template <class D>
 [[nodiscard]] TensorBatch collate_padded(const D& d, std::span<const int64_t> units,
                                          PaddingSide prompt_side = PaddingSide::left) {
@@ -174,93 +188,8 @@ template <class D>
     detail::put_padded(batch, pick("kl"), width, d.pad_id(), PaddingSide::right, "kl_", true);
     std::vector<uint8_t> labels;
     for (auto i : units) labels.push_back(d[i].label ? 1 : 0);
-    batch.set("label", at::tensor(labels, at::kByte).to(at::kBool));
+    batch.set(keys::desirable, at::tensor(labels, at::kByte).to(at::kBool));
   }
-  int64_t real = 0;
-  for (const auto& s : seqs) real += static_cast<int64_t>(s.ids.size());
-  batch.set_meta("num_tokens", real);
-  batch.set_meta("padded_tokens", width * static_cast<int64_t>(seqs.size()));
-  return batch;
-}
-
-/// A packed batch: every sequence of the given units placed into rows of `row_length` tokens by
-/// pack_rows (best-fit decreasing). Each sequence must fit in one row.
-template <class D>
-[[nodiscard]] TensorBatch collate_packed(const D& d, std::span<const int64_t> units,
-                                         int64_t row_length) {
-  const auto seqs = detail::batch_sequences(d, units);
-  std::vector<int64_t> lengths;
-  lengths.reserve(seqs.size());
-  for (const auto& s : seqs) lengths.push_back(static_cast<int64_t>(s.ids.size()));
-  const auto plan = pack_rows(lengths, row_length);
-  const int64_t rows = plan.rows();
-  int64_t max_segments = 0;
-  for (int64_t r = 0; r < rows; ++r) max_segments = std::max<int64_t>(max_segments, static_cast<int64_t>(plan.row(r).size()));
-  const int64_t pad_id = d.pad_id();
-  at::Tensor ids = at::full({rows, row_length}, pad_id, at::kLong);
-  auto mask = at::zeros({rows, row_length}, at::kLong);
-  auto pos = at::zeros({rows, row_length}, at::kLong);
-  auto loss = at::zeros({rows, row_length}, at::kLong);
-  auto seg = at::full({rows, row_length}, -1, at::kLong);
-  auto cu = at::zeros({rows, max_segments + 1}, at::kInt);
-  auto* pi = ids.data_ptr<int64_t>();
-  auto* pm = mask.data_ptr<int64_t>();
-  auto* pp = pos.data_ptr<int64_t>();
-  auto* pl = loss.data_ptr<int64_t>();
-  auto* ps = seg.data_ptr<int64_t>();
-  auto* pc = cu.data_ptr<int32_t>();
-  const auto unit_cols = detail::unit_columns(d, units);
-  std::map<std::string, Column> row_cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t off = 0;
-    int64_t k = 0;
-    std::map<std::string, nlohmann::json> per_row;
-    for (const auto& [name, col] : unit_cols) per_row[name] = nlohmann::json::array();
-    // Sequences inside a row in batch order, so segment order is stable and readable.
-    std::vector<int64_t> members(plan.row(r).begin(), plan.row(r).end());
-    std::sort(members.begin(), members.end());
-    for (auto si : members) {
-      const auto& s = seqs[static_cast<size_t>(si)];
-      const auto n = static_cast<int64_t>(s.ids.size());
-      const int64_t base = r * row_length + off;
-      for (int64_t t = 0; t < n; ++t) {
-        pi[base + t] = s.ids[static_cast<size_t>(t)];
-        pm[base + t] = 1;
-        pp[base + t] = t;
-        pl[base + t] = t >= s.prompt_length ? 1 : 0;
-        ps[base + t] = si;
-      }
-      pc[r * (max_segments + 1) + k] = static_cast<int32_t>(off);
-      off += n;
-      ++k;
-      for (const auto& [name, col] : unit_cols) per_row[name].push_back(col[static_cast<size_t>(s.unit)]);
-    }
-    for (int64_t j = k; j <= max_segments; ++j) pc[r * (max_segments + 1) + j] = static_cast<int32_t>(off);
-    for (auto& [name, v] : per_row) row_cols[name].push_back(std::move(v));
-  }
-  TensorBatch batch({{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos},
-                     {"loss_mask", loss}, {"segment_ids", seg}, {"cu_seqlens", cu}},
-                    std::move(row_cols));
-  nlohmann::json seq_unit = nlohmann::json::array(), seq_role = nlohmann::json::array(),
-                 seq_len = nlohmann::json::array();
-  for (const auto& s : seqs) {
-    seq_unit.push_back(s.unit);
-    seq_role.push_back(s.role);
-    seq_len.push_back(s.ids.size());
-  }
-  batch.set_meta("sequence_unit", std::move(seq_unit));
-  batch.set_meta("sequence_role", std::move(seq_role));
-  batch.set_meta("sequence_length", std::move(seq_len));
-  if constexpr (std::is_same_v<D, LabelledDataset>) {
-    nlohmann::json labels = nlohmann::json::array();
-    for (auto i : units) labels.push_back(d[i].label);
-    batch.set_meta("unit_label", std::move(labels));
-  }
-  int64_t real = 0;
-  for (auto l : lengths) real += l;
-  batch.set_meta("num_units", static_cast<int64_t>(units.size()));
-  batch.set_meta("num_tokens", real);
-  batch.set_meta("padded_tokens", rows * row_length);
   return batch;
 }
 

@@ -9,6 +9,11 @@
 /// last batch of epoch e it is {epoch: e + 1, batch_in_epoch: 0} — there is no "exhausted epoch e"
 /// state, so a loader resumed from a checkpoint taken at an epoch end starts epoch e + 1 and skips
 /// nothing (the StatefulDataLoader bug verl users hit).
+///
+/// Batches carry no metadata: where a batch sits in its epoch (BatchInfo) is loader state, read
+/// with info() after next(), and token counts are recomputed from the masks (token_counts), so
+/// two consecutive batches concat (TensorBatch::concat(parts, loader.padding())) and a slice
+/// never carries another batch's facts.
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -23,7 +28,9 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/data/collate.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/prefetch.hpp"
 
@@ -64,6 +71,20 @@ inline void from_json(const nlohmann::json& j, LoaderState& s) {
   }
 }
 
+/// Where the last batch next() returned sits, and what it holds (returned beside the batch, not in
+/// its metadata: these facts describe the whole batch and would go stale in a slice).
+struct BatchInfo {
+  int64_t epoch = 0;             ///< epoch of the batch, from 0
+  int64_t step_in_epoch = 0;     ///< index of the batch in its epoch
+  int64_t batches_in_epoch = 0;  ///< batches of that epoch
+  bool epoch_end = false;        ///< the epoch's last batch
+  int64_t units = 0;             ///< units (prompts, pairs, completions) in the batch
+  int64_t real_tokens = 0;       ///< non-padding tokens (token_counts)
+  int64_t padded_tokens = 0;     ///< all positions (token_counts)
+
+  bool operator==(const BatchInfo&) const = default;
+};
+
 /// Counters of a loader: the dataset's reading statistics plus what was produced.
 struct LoaderStatistics {
   DataStatistics data;          ///< lines read, skipped by reason, ...
@@ -74,7 +95,8 @@ struct LoaderStatistics {
   int64_t prefetch_waits = 0;   ///< times next() waited on an empty prefetch queue after the first
   double prefetch_wait_seconds = 0.0;
 
-  /// Padding positions ÷ all positions over the batches returned so far.
+  /// Padding positions ÷ all positions over the batches returned so far (the one meaning of
+  /// "padding waste" in the library).
   [[nodiscard]] double padding_waste() const noexcept {
     return padded_tokens == 0 ? 0.0
                               : 1.0 - static_cast<double>(real_tokens) / static_cast<double>(padded_tokens);
@@ -164,23 +186,37 @@ class BatchLoader {
   BatchLoader(BatchLoader&&) noexcept = default;
   BatchLoader& operator=(BatchLoader&&) noexcept = default;
 
-  /// The next batch, or std::nullopt once `options.epochs()` epochs are done (never with
-  /// epochs = 0). Meta: "epoch", "step_in_epoch", "batches_in_epoch", "epoch_end" (true on an
-  /// epoch's last batch), "num_tokens", "padded_tokens". Rethrows errors of the prefetch thread.
+  /// The next per-sequence batch (keys in docs/data.md, no metadata), or std::nullopt once
+  /// `options.epochs()` epochs are done (never with epochs = 0). info() describes it afterwards.
+  /// Rethrows errors of the prefetch thread.
   std::optional<TensorBatch> next() {
     std::optional<Produced> p = core_->prefetcher ? core_->prefetcher->next() : core_->produce();
     if (!p) return std::nullopt;
     core_->state = p->after;
+    core_->info = p->info;
     auto& st = core_->stats;
     ++st.batches;
-    st.units += p->units;
-    st.real_tokens += p->batch.meta().value("num_tokens", int64_t{0});
-    st.padded_tokens += p->batch.meta().value("padded_tokens", int64_t{0});
+    st.units += p->info.units;
+    st.real_tokens += p->info.real_tokens;
+    st.padded_tokens += p->info.padded_tokens;
     return std::move(p->batch);
   }
 
   /// The position after the last batch returned (what a checkpoint saves).
   [[nodiscard]] LoaderState state() const { return core_->state; }
+
+  /// Epoch, step and token counts of the last batch next() returned (all zero before the first).
+  [[nodiscard]] const BatchInfo& info() const noexcept { return core_->info; }
+
+  /// How this loader's batches pad, for TensorBatch::concat of batches of different widths:
+  /// prompt batches on the prompt padding side, full sequences on the right; "<role>input_ids"
+  /// with the dataset's pad id, every other key with 0.
+  [[nodiscard]] ConcatPadding padding() const {
+    ConcatPadding p;
+    p.side = D::data_kind == DataKind::prompts ? prompt_side() : PaddingSide::right;
+    for (auto role : keys::roles) p.values[keys::with_role(role, keys::input_ids)] = core_->data->pad_id();
+    return p;
+  }
 
   /// Number of batches epoch `epoch` has (token-budget batching can vary it between epochs).
   [[nodiscard]] int64_t batches_in_epoch(int64_t epoch) const {
@@ -206,8 +242,16 @@ class BatchLoader {
   struct Produced {
     TensorBatch batch;
     LoaderState after;
-    int64_t units = 0;
+    BatchInfo info;
   };
+
+  [[nodiscard]] PaddingSide prompt_side() const {
+    if constexpr (requires { core_->options.prompt_padding(); }) {
+      return core_->options.prompt_padding();
+    } else {
+      return PaddingSide::left;
+    }
+  }
 
   // Everything the worker touches lives here, at a stable address, so a BatchLoader can move.
   struct Core {
@@ -219,6 +263,7 @@ class BatchLoader {
     int64_t planned_epoch = -1;
     std::vector<std::vector<int64_t>> plan;
     LoaderStatistics stats;
+    BatchInfo info;
     std::unique_ptr<Prefetcher<Produced>> prefetcher;  // declared last: stopped first
 
     ~Core() { prefetcher.reset(); }
@@ -233,12 +278,10 @@ class BatchLoader {
       const auto& units = plan[static_cast<size_t>(s.batch_in_epoch)];
       Produced p;
       p.batch = Policy::collate(*data, std::span<const int64_t>(units), options);
-      p.units = static_cast<int64_t>(units.size());
       const auto n = static_cast<int64_t>(plan.size());
-      p.batch.set_meta("epoch", s.epoch);
-      p.batch.set_meta("step_in_epoch", s.batch_in_epoch);
-      p.batch.set_meta("batches_in_epoch", n);
-      p.batch.set_meta("epoch_end", s.batch_in_epoch + 1 == n);
+      const auto tokens = token_counts(p.batch);
+      p.info = {s.epoch, s.batch_in_epoch, n, s.batch_in_epoch + 1 == n,
+                static_cast<int64_t>(units.size()), tokens.real, tokens.padded};
       if (options.pin_memory() && at::hasCUDA()) {
         for (const auto& key : p.batch.tensor_keys()) p.batch.set(key, p.batch.tensor(key).pin_memory());
       }

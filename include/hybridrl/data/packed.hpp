@@ -1,9 +1,11 @@
 #pragma once
 /// \file
-/// `Loader<Packed>`: packs the sequences of each batch into rows of a fixed token length, position
-/// ids restarting at each sequence and no attention across sequences (cu_seqlens, segment_ids).
-/// Prompt datasets are yielded as padded prompt batches (generation needs them so); the packing of
-/// generated sequences for the update is collate_packed / pack_rows.
+/// `Loader<Packed>`: its batches are per-sequence (the same keys and layout as Loader<Bucketed>,
+/// without length sorting), and its micro-batches are packed at the forward boundary:
+/// `Loader<Packed>::pack(batch, options)` (data/packing.hpp) lays the sequences into rows of
+/// row_length tokens, position ids restarting at each sequence and no attention across sequences
+/// (cu_seqlens, segment_ids); unpack / unpack_sum bring per-token results back. The same pack()
+/// serves offline batches and generated (rollout) batches.
 
 #include <fmt/format.h>
 
@@ -22,6 +24,7 @@
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/loader.hpp"
 #include "hybridrl/data/loader_options.hpp"
+#include "hybridrl/data/packing.hpp"
 #include "hybridrl/data/planning.hpp"
 
 namespace hybridrl {
@@ -78,15 +81,17 @@ struct Loader<Packed> {
                                longest_sequence));
   }
 
-  /// Packed rows for DPO/KTO units; a padded prompt batch for prompt datasets.
+  /// A per-sequence batch of `units` (padded to its longest; packing is pack()).
   template <dataset D>
   [[nodiscard]] static TensorBatch collate(const D& d, std::span<const int64_t> units,
                                            const options_type& o) {
-    if constexpr (D::data_kind == DataKind::prompts) {
-      return collate_padded(d, units, o.prompt_padding());
-    } else {
-      return collate_packed(d, units, o.row_length());
-    }
+    return collate_padded(d, units, o.prompt_padding());
+  }
+
+  /// The micro-batch boundary: packs a per-sequence batch (a loader batch, a rollout batch or a
+  /// slice of one) into rows of `o.row_length()` tokens.
+  [[nodiscard]] static PackedMicroBatch pack(const TensorBatch& per_sequence, const options_type& o) {
+    return hybridrl::pack(per_sequence, o.row_length());
   }
 
   /// The loader over `data`, fresh or resumed from a saved LoaderState.
