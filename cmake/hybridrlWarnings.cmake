@@ -8,10 +8,11 @@ if(NOT TARGET hybridrl_warnings)
   set_target_properties(hybridrl_warnings PROPERTIES EXPORT_NAME warnings)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     target_compile_options(hybridrl_warnings INTERFACE
-      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor
-        -Wcast-align -Woverloaded-virtual -Wno-unused-parameter>)
+      $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wshadow=local -Wnon-virtual-dtor
+        -Wcast-align -Woverloaded-virtual -Wno-unused-parameter
+        -Wno-missing-field-initializers>)  # aggregates with default member initializers
     if(HYBRIDRL_WERROR)
-      target_compile_options(hybridrl_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+      target_compile_options(hybridrl_warnings INTERFACE $<BUILD_INTERFACE:$<$<COMPILE_LANGUAGE:CXX>:-Werror>>)
     endif()
   endif()
 endif()

@@ -14,7 +14,7 @@ struct RLOO {};
 struct RLOOOptions {
   HYBRIDRL_ARG(hybridrl::ActorLossOptions, actor) = {};
   HYBRIDRL_FIELDS(actor)
-  void validate() const { hybridrl::detail::validate_member(actor_, "actor"); }
+  void validate() const { actor_.validate(); }
 };
 
 /// RLOO: online (samples n completions per prompt), no critic, no reference model.

@@ -389,7 +389,7 @@ TEST_SUITE("algorithm/policies") {
     CHECK_NOTHROW(RLOOOptions{}.validate());
     auto g = GRPOOptions{};
     g.actor().kl_loss_coef(std::nan(""));
-    CHECK_THROWS_WITH_AS(g.validate(), doctest::Contains("actor.kl_loss_coef = nan"), Error);
+    CHECK_THROWS_WITH_AS(g.validate(), doctest::Contains("kl_loss_coef = nan"), Error);
     CHECK_THROWS_WITH_AS(KTOOptions{}.undesirable_weight(-1).validate(),
                          doctest::Contains("undesirable_weight = -1 must"), Error);
   }
@@ -422,7 +422,7 @@ TEST_SUITE("algorithm/policies") {
     using PPOTrainer = Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
     CHECK_THROWS_WITH_AS(PPOTrainer(PPOTrainer::Options{}.algorithm(
                              PPOOptions{}.actor(ActorLossOptions{}.clip_c(0.5)))),
-                         doctest::Contains("actor.clip_c"), Error);
+                         doctest::Contains("clip_c"), Error);
     CHECK_NOTHROW(PPOTrainer(PPOTrainer::Options{}));
   }
 

@@ -7,7 +7,7 @@
 #include <hybridrl/trainer/trainer.hpp>
 
 #include "../../examples/custom_algorithm/rloo.hpp"  // the user-written RLOO policy of the example
-#include "group_communicator.hpp"
+#include "../support/gloo.hpp"
 
 #include <cmath>
 #include <functional>

@@ -467,10 +467,10 @@ TEST_SUITE("model/pretrained") {
       std::map<std::string, std::vector<int64_t>> got;
       for (const auto& p : m->named_parameters()) got[p.key()] = p.value().sizes().vec();
       auto as_map = [](const std::vector<ParameterShape>& v) {
-        std::map<std::string, std::vector<int64_t>> m;
-        for (const auto& p : v) m[p.name] = p.shape;
-        CHECK(m.size() == v.size());  // no name twice
-        return m;
+        std::map<std::string, std::vector<int64_t>> shapes;
+        for (const auto& p : v) shapes[p.name] = p.shape;
+        CHECK(shapes.size() == v.size());  // no name twice
+        return shapes;
       };
       CHECK(got == as_map(expected_parameter_shapes(c)));
       ValueModel v(c);

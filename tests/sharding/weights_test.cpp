@@ -71,7 +71,9 @@ TEST_SUITE("sharding/weights") {
     CHECK((tensor_parallel_dim("model.layers.0.input_layernorm.weight") == std::nullopt));
     CHECK((tensor_parallel_dim("model.layers.0.post_attention_layernorm.weight") == std::nullopt));
     CHECK((tensor_parallel_dim("model.norm.weight") == std::nullopt));
-    CHECK(contains(error_of([] { (void)tensor_parallel_dim("score.weight"); }), "no tensor-parallel rule for the parameter 'score.weight'"));
+    CHECK((tensor_parallel_dim("score.weight") == std::nullopt));  // the critic's value head
+    CHECK(contains(error_of([] { (void)tensor_parallel_dim("model.layers.0.mlp.experts.0.w1.weight"); }),
+                   "no tensor-parallel rule for the parameter 'model.layers.0.mlp.experts.0.w1.weight'"));
   }
 
   TEST_CASE("tp_size 1: the export is the full state dict, dtype converted when asked") {

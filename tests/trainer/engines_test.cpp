@@ -48,9 +48,9 @@ class TestShardedModel {
   TensorBatch forward(const TensorBatch& batch) {
     const auto ids = batch.tensor(keys::input_ids);
     const auto mask = batch.tensor(keys::attention_mask);
-    auto lp = model_->token_log_probs(ids, ForwardArgs{}.attention_mask(mask).position_ids(positions_of(mask)));
-    const auto zero = at::zeros({ids.size(0), 1}, lp.log_probs.options());
-    return TensorBatch({{keys::log_probs, at::cat({zero, lp.log_probs}, 1)}, {keys::entropy, at::cat({zero, lp.entropy}, 1)}});
+    // Aligned as core/keys.hpp says: [B, T], column 0 = 0.
+    auto lp = token_log_probs(model_, ids, ForwardArgs{}.attention_mask(mask).position_ids(positions_of(mask)));
+    return TensorBatch({{keys::log_probs.str(), lp.log_probs}, {keys::entropy.str(), lp.entropy}});
   }
   void backward(const at::Tensor& loss) { loss.backward(); }
   at::Tensor step() {

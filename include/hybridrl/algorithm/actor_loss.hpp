@@ -26,6 +26,8 @@ namespace hybridrl {
 
 /// Options of the actor loss (verl actor config; same defaults).
 struct ActorLossOptions {
+  /// Its keys sit at the owning algorithm's level: `algorithm.clip_high`, not `algorithm.actor.clip_high`.
+  static constexpr bool inline_fields = true;
   /// ε_low: the ratio is clipped below at 1 − clip_low.
   HYBRIDRL_ARG(double, clip_low) = 0.2;
   /// ε_high: the ratio is clipped above at 1 + clip_high (DAPO's clip-higher uses 0.28).

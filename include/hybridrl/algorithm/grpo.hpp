@@ -44,9 +44,9 @@ struct GRPOOptions {
     return !norm_adv_by_std_ && actor_.loss_agg() == LossAgg::seq_mean_token_sum_norm;
   }
 
-  /// Throws hybridrl::Error naming the first impossible field (nested: "actor.clip_low = ...").
+  /// Throws hybridrl::Error naming the first impossible field (the actor fields sit at this level: "clip_low = ...").
   void validate() const {
-    detail::validate_member(actor_, "actor");
+    actor_.validate();  // inline fields: no "actor." in the path
     detail::check_finite_option("epsilon", epsilon_);
     HYBRIDRL_CHECK(epsilon_ > 0 || (!norm_adv_by_std_ && epsilon_ == 0),
                    fmt::format("epsilon = {} must be > 0 when norm_adv_by_std is on", epsilon_),

@@ -87,9 +87,9 @@ struct PPOOptions {
   HYBRIDRL_FIELDS(actor, gamma, lam, use_kl_in_reward, kl_penalty, kl_ctrl, cliprange_value,
                   value_loss_agg)
 
-  /// Throws hybridrl::Error naming the first impossible field (nested: "actor.clip_low = ...").
+  /// Throws hybridrl::Error naming the first impossible field (the actor fields sit at this level: "clip_low = ...").
   void validate() const {
-    detail::validate_member(actor_, "actor");
+    actor_.validate();  // inline fields: no "actor." in the path
     detail::validate_member(kl_ctrl_, "kl_ctrl");
     for (auto [name, v] : {std::pair{"gamma", gamma_}, std::pair{"lam", lam_},
                            std::pair{"cliprange_value", cliprange_value_}}) {

@@ -164,7 +164,7 @@ inline MemoryReport log_memory(const std::string& tag, std::ostream* out = &std:
   MemoryReport r;
   r.tag = tag;
   std::tie(r.rss, r.peak_rss) = detail::process_rss();
-  if (torch::cuda::device_count() > static_cast<int64_t>(cuda_index)) {
+  if (static_cast<int64_t>(torch::cuda::device_count()) > static_cast<int64_t>(cuda_index)) {
     r.device = fmt::format("cuda:{}", cuda_index);
     const auto m = detail::compat::cuda_memory(cuda_index);
     r.allocated = m.allocated;

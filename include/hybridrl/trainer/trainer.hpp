@@ -162,7 +162,7 @@ class Trainer {
                        "leave rollout_n at 1 for DPO/KTO");
       }
       if constexpr (has_rollout && detail::has_tensor_parallel_size<rollout_options> &&
-                    rollout_policy<typename Trainer::rollout>) {
+                    rollout_policy<typename Trainer::rollout_type>) {
         if constexpr (!Trainer::rollout_type::accepts_tensor_parallel_weights) {
           HYBRIDRL_CHECK(rollout_.tensor_parallel_size() == 1,
                          fmt::format("rollout.tensor_parallel_size = {} but Rollout<{}> runs one "
