@@ -21,3 +21,23 @@ function(hybridrl_use_torch_pch target)
   endif()
   target_precompile_headers(${target} REUSE_FROM hybridrl_torch_pch)
 endfunction()
+
+#   hybridrl_add_presets()
+#     Defines hybridrl::presets (STATIC, once per build): the explicit instantiations of the preset
+#     trainers of <hybridrl/trainer/presets.hpp> (PPOTrainer, GRPOTrainer, DPOTrainer, KTOTrainer),
+#     compiled once in this build from the source shipped with hybridrl. Targets that link it see
+#     HYBRIDRL_EXTERN_PRESETS and do not instantiate those trainers again.
+if(NOT HYBRIDRL_PRESETS_SOURCE_DIR)
+  set(HYBRIDRL_PRESETS_SOURCE_DIR "${CMAKE_CURRENT_LIST_DIR}/../src/presets" CACHE INTERNAL "")
+endif()
+function(hybridrl_add_presets)
+  if(TARGET hybridrl_presets)
+    return()
+  endif()
+  file(GLOB srcs "${HYBRIDRL_PRESETS_SOURCE_DIR}/*.cpp")
+  add_library(hybridrl_presets STATIC ${srcs})
+  add_library(hybridrl::presets ALIAS hybridrl_presets)
+  target_link_libraries(hybridrl_presets PUBLIC hybridrl::hybridrl)
+  target_compile_definitions(hybridrl_presets PUBLIC HYBRIDRL_EXTERN_PRESETS=1)
+  hybridrl_use_torch_pch(hybridrl_presets)
+endfunction()

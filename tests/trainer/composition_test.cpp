@@ -339,3 +339,17 @@ TEST_CASE("trainer/presets: a preset constructs and describes itself") {
   GRPOTrainer t(GRPOTrainer::Options{});
   CHECK(contains(t.describe(), "Algorithm<GRPO> Sharding<FSDP> Rollout<Paged> Loader<Bucketed>"));
 }
+
+TEST_SUITE("trainer/presets") {
+  TEST_CASE("the trainer suite links hybridrl::presets: the preset trainers are extern templates here") {
+#if defined(HYBRIDRL_EXTERN_PRESETS)
+    // Constructed here, instantiated in src/presets/presets.cpp (the library this suite links).
+    GRPOTrainer::Options o;
+    o.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
+    GRPOTrainer t(o);
+    CHECK(t.describe().find("Algorithm<GRPO>") != std::string::npos);
+#else
+    FAIL("HYBRIDRL_EXTERN_PRESETS is not defined: tests/CMakeLists.txt links hybridrl::presets");
+#endif
+  }
+}
