@@ -16,17 +16,14 @@
 #include <set>
 #include <string>
 #include <vector>
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/tensors.hpp"
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
-double val(const at::Tensor& t) { return t.item<double>(); }
-at::Tensor bools(std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(at::kBool); }
-at::Tensor vec(std::vector<double> v) { return at::tensor(v, at::kDouble); }
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double softplus(double x) { return std::log1p(std::exp(x)); }  // -log sigmoid(-x)
 
 /// A batch holding every key any built-in hook may read (B = 4, R = 3).
 TensorBatch full_batch() {

@@ -12,28 +12,14 @@
 #include <cmath>
 #include <functional>
 #include <vector>
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/tensors.hpp"
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
-at::Tensor mat(std::vector<std::vector<double>> m) {
-  auto t = at::zeros({static_cast<int64_t>(m.size()), static_cast<int64_t>(m[0].size())}, at::kDouble);
-  for (size_t i = 0; i < m.size(); ++i)
-    for (size_t j = 0; j < m[i].size(); ++j) t[i][j] = m[i][j];
-  return t;
-}
-at::Tensor vec(std::vector<double> v) {
-  auto t = at::zeros({static_cast<int64_t>(v.size())}, at::kDouble);
-  for (size_t i = 0; i < v.size(); ++i) t[i] = v[i];
-  return t;
-}
-/// A bool tensor (at::tensor has no bool overload in LibTorch 1.13).
-at::Tensor bools(std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(at::kBool); }
-double val(const at::Tensor& t) { return t.item<double>(); }
-double softplus(double x) { return std::log1p(std::exp(x)); }  // -log sigmoid(-x)
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 /// Autograd gradient of f at x against central differences (h = 1e-6), elementwise.
 void check_gradient(const at::Tensor& x, const std::function<at::Tensor(const at::Tensor&)>& f) {

@@ -15,14 +15,14 @@
 #include <memory>
 #include <string>
 #include <vector>
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/tensors.hpp"
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
-double val(const at::Tensor& t) { return t.item<double>(); }
-at::Tensor bools(std::vector<int64_t> v) { return at::tensor(v, at::kLong).to(at::kBool); }
 
 // ---- a tiny "model": per-token features X [B, T, F] and a parameter w [F] -----------------------
 

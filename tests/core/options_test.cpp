@@ -18,7 +18,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 using nlohmann::json;

@@ -7,7 +7,7 @@
 
 #include "hybridrl/data/data.hpp"
 #include "hybridrl/model/causal_lm.hpp"
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 

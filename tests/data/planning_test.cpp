@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "hybridrl/data/planning.hpp"
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 

@@ -15,7 +15,7 @@
 
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/io/json.hpp"
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 

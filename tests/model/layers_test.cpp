@@ -6,7 +6,7 @@
 
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/rollout/naive/dense_kv_cache.hpp"
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 

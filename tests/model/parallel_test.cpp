@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "hybridrl/model/model.hpp"
-#include "../support/model_thread_comm.hpp"
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include <hybridrl/distributed/thread_communicator.hpp>
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
-using hybridrl::testing::run_model_ranks;
+using hybridrl::run_ranks;
 
 namespace {
 
@@ -101,7 +101,8 @@ TEST_SUITE("model/parallel") {
         auto want_hidden = full->hidden_states(ids, args).detach();
 
         std::vector<RankResult> got(static_cast<size_t>(tp));
-        run_model_ranks(tp, [&](int r, Communicator& comm) {
+        run_ranks(static_cast<int>(tp), [&](Communicator& comm) {
+          const int r = comm.rank();
           const ParallelContext pc{r, tp, &comm};
           auto& out = got[static_cast<size_t>(r)];
           // a trainable shard filled from the full weights
@@ -178,7 +179,7 @@ TEST_SUITE("model/parallel") {
 
   TEST_CASE("a layout the heads do not divide, or a missing communicator, is an error") {
     const auto c = tp_config(false);
-    CHECK_THROWS_WITH_AS(run_model_ranks(3, [&](int r, Communicator& comm) { CausalLM m(c, ParallelContext{r, 3, &comm}); }),
+    CHECK_THROWS_WITH_AS(run_ranks(3, [&](Communicator& comm) { CausalLM m(c, ParallelContext{comm.rank(), 3, &comm}); }),
                          doctest::Contains("num_attention_heads = 8 is not divisible by tp_size = 3"), Error);
     CHECK_THROWS_WITH_AS(CausalLM(c, ParallelContext{0, 2, nullptr}), doctest::Contains("tp = nullptr but tp_size = 2"),
                          Error);

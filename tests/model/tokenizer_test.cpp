@@ -10,7 +10,7 @@
 #if HYBRIDRL_WITH_SENTENCEPIECE
 #include "hybridrl/tokenizer/sentencepiece.hpp"
 #endif
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 

@@ -4,7 +4,7 @@
 #include <hybridrl/hybridrl.hpp>
 
 #include <string>
-#include <doctest/doctest.h>  // last: c10 defines a CHECK macro of its own
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
 
