@@ -80,7 +80,7 @@ void BM_Model_DecodeDenseCache(benchmark::State& state) {
   const auto B = state.range(0), P = state.range(1), N = state.range(2);
   auto prompt = torch::randint(0, 320, {B, P});
   for (auto _ : state) {
-    auto cache = KvCache::allocate(c, B, P + N, at::TensorOptions().dtype(at::kFloat));
+    auto cache = KVCache::allocate(c, B, P + N, at::TensorOptions().dtype(at::kFloat));
     auto logits = forward_decode(m, prompt, cache);
     for (int64_t t = 0; t < N; ++t) {
       auto next = logits.select(1, logits.size(1) - 1).argmax(-1, true);

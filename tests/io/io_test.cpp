@@ -101,8 +101,8 @@ TEST_SUITE("io/atomic_file") {
     io::write_file_atomic(victim, "safe");
     // Whatever the temporary's name, O_EXCL|O_NOFOLLOW refuses to open an existing entry; plant
     // links at the old fixed names the previous writers used.
-    ::symlink(victim.c_str(), (s.path + "/out.tmp").c_str());
-    ::symlink(victim.c_str(), (s.path + "/out.tmp." + std::to_string(::getpid())).c_str());
+    REQUIRE(::symlink(victim.c_str(), (s.path + "/out.tmp").c_str()) == 0);
+    REQUIRE(::symlink(victim.c_str(), (s.path + "/out.tmp." + std::to_string(::getpid())).c_str()) == 0);
     io::write_file_atomic(s.path + "/out", "new");
     CHECK(slurp(victim) == "safe");
     CHECK(slurp(s.path + "/out") == "new");
@@ -164,9 +164,9 @@ TEST_SUITE("io/json") {
     auto nul = io::parse_json(std::string("{\"a\":1}\0{\"b\":2}", 15));
     CHECK(nul.error.find("NUL byte at offset 7") != std::string::npos);
     CHECK(static_cast<bool>(io::parse_json(R"({"a":1,"a":2})")));  // lenient by default: last wins
-    auto dup = io::parse_json(R"({"x":{"a":1,"a":2}})", io::JsonLimits{.unique_keys = true});
+    auto dup = io::parse_json(R"({"x":{"a":1,"a":2}})", io::JSONLimits{.unique_keys = true});
     CHECK(dup.error.find("\"a\" appears twice") != std::string::npos);
-    CHECK(static_cast<bool>(io::parse_json(R"({"a":{"k":1},"b":{"k":2}})", io::JsonLimits{.unique_keys = true})));
+    CHECK(static_cast<bool>(io::parse_json(R"({"a":{"k":1},"b":{"k":2}})", io::JSONLimits{.unique_keys = true})));
     CHECK_FALSE(io::parse_json(R"({"x": 1e400})"));
     CHECK_FALSE(io::parse_json(R"({"x": 1} trailing)"));
     CHECK(io::parse_json(R"({"x": [1, 2]}   )").value["x"][1] == 2);

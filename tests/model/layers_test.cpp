@@ -181,7 +181,7 @@ TEST_SUITE("model/forward_modes") {
       const int64_t T = 8;
       auto ids = torch::randint(0, c.vocab_size, {2, T});
       auto full = m->forward(ids);
-      auto cache = KvCache::allocate(c, 2, T, at::TensorOptions().dtype(at::kFloat));
+      auto cache = KVCache::allocate(c, 2, T, at::TensorOptions().dtype(at::kFloat));
       auto first = forward_decode(m, ids.narrow(1, 0, 3), cache);  // prefill 3
       CHECK(cache.length == 3);
       CHECK(max_diff(first, full.narrow(1, 0, 3)) < 1e-5);
@@ -194,7 +194,7 @@ TEST_SUITE("model/forward_modes") {
       pid[0].narrow(0, 2, T - 2).copy_(ids[0].narrow(0, 0, T - 2));
       auto mask = torch::zeros({1, T}, at::kLong);
       mask[0].narrow(0, 2, T - 2).fill_(1);
-      auto c1 = KvCache::allocate(c, 1, T, at::TensorOptions().dtype(at::kFloat));
+      auto c1 = KVCache::allocate(c, 1, T, at::TensorOptions().dtype(at::kFloat));
       forward_decode(m, pid.narrow(1, 0, 5), c1, ForwardArgs{}.attention_mask(mask.narrow(1, 0, 5)));
       for (int64_t t = 5; t < T; ++t) {
         auto step = forward_decode(m, pid.narrow(1, t, 1), c1, ForwardArgs{}.attention_mask(mask.narrow(1, 0, t + 1)));

@@ -138,7 +138,7 @@ FixtureDiffs compare_with_hf(CausalLM& m, const std::map<std::string, at::Tensor
     d.packed = std::max(d.packed, max_diff(got, want[static_cast<int64_t>(b)].narrow(0, 0, kLengths[b])));
   }
   // decode: prefill 5 tokens, then one at a time
-  auto cache = KvCache::allocate(m->config(), ids.size(0), ids.size(1), m->parameters().front().options());
+  auto cache = KVCache::allocate(m->config(), ids.size(0), ids.size(1), m->parameters().front().options());
   auto first = forward_decode(m, ids.narrow(1, 0, 5), cache).to(at::kFloat);
   d.decode = max_diff(first, want.narrow(1, 0, 5));
   for (int64_t t = 5; t < ids.size(1); ++t) {

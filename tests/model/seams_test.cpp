@@ -264,7 +264,7 @@ TEST_SUITE("model/log_probs") {
                          doctest::Contains("position_ids has shape 2x3"), Error);
     // decode
     auto opts = at::TensorOptions().dtype(at::kFloat);
-    auto cache = KvCache::allocate(c, 1, 4, opts);
+    auto cache = KVCache::allocate(c, 1, 4, opts);
     CHECK_THROWS_WITH_AS(forward_decode(m, torch::tensor({{1, 2, 3, 4, 5}}, at::kLong), cache),
                          doctest::Contains("0 cached + 5 new tokens for 1 rows exceed the cache ([1 rows, 4 positions])"),
                          Error);
@@ -273,18 +273,18 @@ TEST_SUITE("model/log_probs") {
     CHECK_THROWS_WITH_AS(forward_decode(m, torch::tensor({1, 2}, at::kLong), cache),
                          doctest::Contains("input_ids has shape 2"), Error);
     auto other = seam_config(3);
-    auto wrong_layers = KvCache::allocate(other, 1, 4, opts);
+    auto wrong_layers = KVCache::allocate(other, 1, 4, opts);
     CHECK_THROWS_WITH_AS(forward_decode(m, ids, wrong_layers), doctest::Contains("the cache has 3 layers, the model 2"),
                          Error);
     other = seam_config(2);
     other.num_key_value_heads = 4;
-    auto wrong_heads = KvCache::allocate(other, 1, 4, opts);
+    auto wrong_heads = KVCache::allocate(other, 1, 4, opts);
     CHECK_THROWS_WITH_AS(forward_decode(m, ids, wrong_heads), doctest::Contains("the cache holds 4 kv heads"), Error);
     CHECK_THROWS_WITH_AS(forward_decode(m, ids, cache, ForwardArgs{}.attention_mask(torch::ones({1, 2}, at::kLong))),
                          doctest::Contains("attention_mask has shape 1x2, expected 1x3"), Error);
     CHECK_THROWS_WITH_AS(forward_decode(m, ids, cache, ForwardArgs{}.position_ids(torch::zeros({1, 2}, at::kLong))),
                          doctest::Contains("position_ids has shape 1x2, expected 1x3"), Error);
     CHECK(cache.length == 0);  // failed calls leave the cache as it was
-    CHECK_THROWS_WITH_AS(KvCache::allocate(c, 0, 4, opts), doctest::Contains("batch = 0"), Error);
+    CHECK_THROWS_WITH_AS(KVCache::allocate(c, 0, 4, opts), doctest::Contains("batch = 0"), Error);
   }
 }

@@ -29,7 +29,7 @@
 namespace hybridrl {
 
 /// One CUDA device as the runtime reports it.
-struct CudaDevice {
+struct CUDADevice {
   int index = 0;
   std::string name;
   int compute_major = 0;
@@ -48,7 +48,7 @@ struct DeviceInfo {
   bool flash_attention_available = false;  ///< ... and a device of compute capability >= 8.0
   std::string torch_version;
   std::string hybridrl_version;
-  std::vector<CudaDevice> devices;
+  std::vector<CUDADevice> devices;
 
   /// Multi-line human-readable report.
   [[nodiscard]] std::string to_string() const {

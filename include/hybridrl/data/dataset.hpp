@@ -236,7 +236,7 @@ std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
     try {
       // Depth-capped and NUL-rejecting; every nlohmann exception (1e400's out_of_range too) is a
       // bad_json line, not an escaping exception.
-      auto parsed = io::parse_json(text, io::JsonLimits{.max_depth = kMaxLineDepth});
+      auto parsed = io::parse_json(text, io::JSONLimits{.max_depth = kMaxLineDepth});
       if (!parsed) throw LineFailure{LineError::bad_json, fmt::format("bad JSON ({})", parsed.error)};
       nlohmann::json obj = std::move(parsed.value);
       if (!obj.is_object()) {

@@ -34,20 +34,26 @@
 namespace hybridrl::detail::compat {
 
 /// Caching-allocator byte counts for one CUDA device.
-struct CudaMemory {
+struct CUDAMemory {
   int64_t allocated = 0;       ///< bytes in live tensors
   int64_t reserved = 0;        ///< bytes held by the caching allocator
   int64_t peak_allocated = 0;  ///< high-water mark of `allocated` since start or last reset
 };
 
 /// Byte counts of the caching allocator on CUDA device `index` (zeros in a CPU-only build).
-inline CudaMemory cuda_memory([[maybe_unused]] int index) {
+inline CUDAMemory cuda_memory([[maybe_unused]] int index) {
 #if defined(HYBRIDRL_WITH_CUDA)
   // DeviceStats lives in c10::cuda::CUDACachingAllocator (1.13) or c10::CachingDeviceAllocator
   // (2.x); `auto` spans both. Index 0 is StatType::AGGREGATE in every version.
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-  return {stats.allocated_bytes[0].current, stats.reserved_bytes[0].current,
-          stats.allocated_bytes[0].peak};
+  // LibTorch 2.x initialises the allocator lazily, at a process's first CUDA allocation; before it
+  // getDeviceStats throws "Invalid device argument". Nothing allocated yet: every count is 0.
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    return {stats.allocated_bytes[0].current, stats.reserved_bytes[0].current,
+            stats.allocated_bytes[0].peak};
+  } catch (const c10::Error&) {
+    return {};
+  }
 #else
   return {};
 #endif

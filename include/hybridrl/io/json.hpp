@@ -27,7 +27,7 @@ namespace hybridrl::io {
 inline constexpr int kMaxJsonDepth = 64;
 
 /// How parse_json bounds its input.
-struct JsonLimits {
+struct JSONLimits {
   int max_depth = kMaxJsonDepth;  ///< deepest array/object nesting accepted
   bool unique_keys = false;       ///< reject an object that repeats a key (safetensors does)
 };
@@ -42,13 +42,13 @@ struct ParsedJson {
 
 namespace detail {
 /// Thrown by the parse callback to stop at the first violated limit.
-struct JsonLimitExceeded {
+struct JSONLimitExceeded {
   std::string why;
 };
 }  // namespace detail
 
 /// Parses `text` as one JSON document within `limits`. Never throws for bad input.
-[[nodiscard]] inline ParsedJson parse_json(std::string_view text, const JsonLimits& limits = {}) {
+[[nodiscard]] inline ParsedJson parse_json(std::string_view text, const JSONLimits& limits = {}) {
   ParsedJson out;
   if (const void* nul = std::memchr(text.data(), '\0', text.size()); nul != nullptr) {
     out.error = fmt::format("a NUL byte at offset {}",
@@ -60,7 +60,7 @@ struct JsonLimitExceeded {
     using E = nlohmann::json::parse_event_t;
     if (event == E::object_start || event == E::array_start) {
       if (depth >= limits.max_depth) {
-        throw detail::JsonLimitExceeded{
+        throw detail::JSONLimitExceeded{
             fmt::format("nesting deeper than {} levels", limits.max_depth)};
       }
       if (limits.unique_keys && event == E::object_start) keys.emplace_back();
@@ -70,14 +70,14 @@ struct JsonLimitExceeded {
       auto name = parsed.get<std::string>();
       if (!keys.back().insert(name).second) {
         if (name.size() > 64) name = name.substr(0, 64) + "...";
-        throw detail::JsonLimitExceeded{fmt::format("the key \"{}\" appears twice in one object", name)};
+        throw detail::JSONLimitExceeded{fmt::format("the key \"{}\" appears twice in one object", name)};
       }
     }
     return true;
   };
   try {
     out.value = nlohmann::json::parse(text.begin(), text.end(), callback);
-  } catch (const detail::JsonLimitExceeded& e) {
+  } catch (const detail::JSONLimitExceeded& e) {
     out.value = nullptr;
     out.error = e.why;
   } catch (const nlohmann::json::exception& e) {

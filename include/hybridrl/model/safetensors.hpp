@@ -174,7 +174,7 @@ class SafetensorsFile {
     // padding) are whitespace, anything else after the object is an error.
     auto parsed = io::parse_json(
         std::string_view(reinterpret_cast<const char*>(map_->data()) + 8, static_cast<size_t>(n)),
-        io::JsonLimits{.max_depth = 8, .unique_keys = true});
+        io::JSONLimits{.max_depth = 8, .unique_keys = true});
     HYBRIDRL_CHECK(static_cast<bool>(parsed),
                    fmt::format("'{}': the safetensors header is not valid JSON ({})", path, parsed.error),
                    fix);

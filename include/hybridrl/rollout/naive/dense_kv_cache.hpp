@@ -20,17 +20,17 @@ namespace hybridrl {
 
 /// A dense KV cache: per layer keys and values [B, kv_heads, capacity, head_dim]; `length`
 /// positions are filled and shared by all rows.
-struct KvCache {
+struct KVCache {
   std::vector<at::Tensor> keys;    ///< per layer [B, kv_heads, capacity, head_dim]
   std::vector<at::Tensor> values;  ///< per layer [B, kv_heads, capacity, head_dim]
   int64_t length = 0;              ///< filled positions
 
   /// Zeroed cache for `batch` rows of up to `capacity` tokens of a model with config `c`.
-  static KvCache allocate(const ModelConfig& c, int64_t batch, int64_t capacity, at::TensorOptions options) {
+  static KVCache allocate(const ModelConfig& c, int64_t batch, int64_t capacity, at::TensorOptions options) {
     HYBRIDRL_CHECK(batch >= 1 && capacity >= 1,
-                   fmt::format("KvCache::allocate: batch = {} and capacity = {} must be >= 1", batch, capacity),
+                   fmt::format("KVCache::allocate: batch = {} and capacity = {} must be >= 1", batch, capacity),
                    "allocate for at least one row and one token");
-    KvCache cache;
+    KVCache cache;
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       cache.keys.push_back(at::zeros({batch, c.num_key_value_heads, capacity, c.head_dim}, options));
       cache.values.push_back(at::zeros({batch, c.num_key_value_heads, capacity, c.head_dim}, options));
@@ -47,7 +47,7 @@ struct KvCache {
 /// [length, length+n), attends over [0, length+n), advances `cache.length` and returns logits
 /// [B, n, vocab]. args: attention_mask [B, length+n] and position_ids [B, n] (default: from the
 /// mask, else length..length+n-1). Needs a full (tp_size 1) model.
-inline at::Tensor forward_decode(CausalLM model, const at::Tensor& input_ids, KvCache& cache, const ForwardArgs& args = {}) {
+inline at::Tensor forward_decode(CausalLM model, const at::Tensor& input_ids, KVCache& cache, const ForwardArgs& args = {}) {
   const auto& c = model->config();
   HYBRIDRL_CHECK(!model->parallel().sharded(), "forward_decode: the model is a tensor-parallel shard",
                  "decode a dense cache with a full model (Rollout<Naive> takes full weights)");
@@ -59,11 +59,11 @@ inline at::Tensor forward_decode(CausalLM model, const at::Tensor& input_ids, Kv
                      cache.values.size() == cache.keys.size(),
                  fmt::format("forward_decode: the cache has {} layers, the model {}", cache.keys.size(),
                              c.num_hidden_layers),
-                 "allocate the cache with KvCache::allocate(model->config(), ...)");
+                 "allocate the cache with KVCache::allocate(model->config(), ...)");
   HYBRIDRL_CHECK(cache.keys.front().size(1) == c.num_key_value_heads && cache.keys.front().size(3) == c.head_dim,
                  fmt::format("forward_decode: the cache holds {} kv heads of size {}, the model {} of size {}",
                              cache.keys.front().size(1), cache.keys.front().size(3), c.num_key_value_heads, c.head_dim),
-                 "allocate the cache with KvCache::allocate(model->config(), ...)");
+                 "allocate the cache with KVCache::allocate(model->config(), ...)");
   HYBRIDRL_CHECK(Tk <= cache.capacity() && cache.rows() == B,
                  fmt::format("forward_decode: {} cached + {} new tokens for {} rows exceed the cache "
                              "([{} rows, {} positions])", L0, n, B, cache.rows(), cache.capacity()),
