@@ -6,12 +6,13 @@
 
 #include <sstream>
 #include <string>
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 }  // namespace
 
 TEST_SUITE("core/device") {

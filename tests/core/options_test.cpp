@@ -18,9 +18,11 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 using nlohmann::json;
 
 namespace {
@@ -158,16 +160,6 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 
 }  // namespace
 

@@ -8,19 +8,14 @@
 #include <vector>
 
 #include "hybridrl/trainer/balance.hpp"
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
-std::vector<int64_t> random_lengths(size_t n, int64_t hi, uint32_t seed) {
-  std::mt19937 g(seed);
-  std::uniform_int_distribution<int64_t> d(1, hi);
-  std::vector<int64_t> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 // Largest part sum minimised over all assignments to k parts (equal sizes when asked).
 int64_t optimal_max_sum(const std::vector<int64_t>& v, int64_t k, bool equal_size) {

@@ -6,9 +6,11 @@
 
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/rollout/naive/dense_kv_cache.hpp"
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
@@ -40,7 +42,6 @@ CausalLM tiny_model(const ModelConfig& c, uint64_t seed = 0, at::ScalarType dtyp
   return m;
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 }  // namespace
 

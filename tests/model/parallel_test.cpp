@@ -11,9 +11,11 @@
 
 #include "hybridrl/model/model.hpp"
 #include <hybridrl/distributed/thread_communicator.hpp>
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 using hybridrl::run_ranks;
 
 namespace {
@@ -34,9 +36,7 @@ ModelConfig tp_config(bool tied) {
   return c;
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
-bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
 // The expected shard of full tensor `t` of parameter `name` for rank r of tp (independent rule).
 at::Tensor expected_shard(const std::string& name, const at::Tensor& t, int64_t r, int64_t tp) {

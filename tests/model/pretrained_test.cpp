@@ -17,9 +17,11 @@
 
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/rollout/naive/dense_kv_cache.hpp"
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 namespace fs = std::filesystem;
 
 namespace {
@@ -27,7 +29,6 @@ namespace {
 const std::string kModels = std::string(HYBRIDRL_FIXTURES_DIR) + "/models";
 const std::vector<int64_t> kLengths = {12, 9, 5};  // as in make_model_fixtures.py
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 /// Max abs difference over the positions where `mask` is 1.
 double masked_diff(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask) {
@@ -65,14 +66,6 @@ TempDir copy_fixture(const std::string& name, const std::string& tag) {
   return d;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 void write_file(const fs::path& p, const std::string& s) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << s;

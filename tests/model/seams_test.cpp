@@ -10,9 +10,11 @@
 #include "hybridrl/core/tensor_batch.hpp"
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/rollout/naive/dense_kv_cache.hpp"
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
@@ -40,7 +42,6 @@ CausalLM seam_model(const ModelConfig& c, uint64_t seed, at::ScalarType dtype = 
   return m;
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 /// What a sharding engine's runner would do around each layer, counted: gather before the forward
 /// (and before the backward, via a hook on the output's gradient), free after (and after the

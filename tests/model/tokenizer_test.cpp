@@ -10,19 +10,13 @@
 #if HYBRIDRL_WITH_SENTENCEPIECE
 #include "hybridrl/tokenizer/sentencepiece.hpp"
 #endif
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 }  // namespace
 
 TEST_SUITE("model/tokenizer") {

@@ -9,9 +9,11 @@
 #include <map>
 #include <string>
 #include <vector>
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 namespace {
 
@@ -36,15 +38,6 @@ CausalLM tiny_model(uint64_t seed = 0) {
   return m;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-bool contains(const std::string& s, const std::string& n) { return s.find(n) != std::string::npos; }
 
 std::map<std::string, at::Tensor> by_name(const std::vector<NamedTensor>& v) {
   std::map<std::string, at::Tensor> m;

@@ -1,9 +1,14 @@
 #pragma once
-// Test support: small tensors written out by hand, and scalar references the tests compare with.
+// Test support: small tensors written out by hand, scalar references the tests compare with, and
+// the small checks every suite uses (error text of a call, max difference, random lengths).
+#include <hybridrl/core/error.hpp>
+
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
+#include <string>
 #include <vector>
 
 namespace hybridrl::testing {
@@ -24,5 +29,32 @@ inline double val(const at::Tensor& t) { return t.item<double>(); }
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 /// −log σ(−x).
 inline double softplus(double x) { return std::log1p(std::exp(x)); }
+
+/// The message of the hybridrl::Error that `f()` throws, or "(no error)".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const hybridrl::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+/// True when `s` contains `needle`.
+inline bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+/// max |a − b| over all elements.
+inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
+/// n lengths uniform in [1, hi] from a seeded std::mt19937 (the same on every platform).
+inline std::vector<int64_t> random_lengths(size_t n, int64_t hi, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int64_t> d(1, hi);
+  std::vector<int64_t> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
 
 }  // namespace hybridrl::testing

@@ -4,9 +4,11 @@
 #include <hybridrl/hybridrl.hpp>
 
 #include <string>
+#include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
 using namespace hybridrl;
+using namespace hybridrl::testing;
 
 // ---- user-defined policies, as a user would write them (no hybridrl internals) ----
 struct OnlineTag {};
@@ -134,16 +136,6 @@ static_assert(check_geometry(60, 12, 6, 60, 4, 1, 4) == GeometryRule::tp_divides
 static_assert(StaticBatch<60, 12, 6, 60, 4>::mini_batch_sequences_per_rank == 120);
 
 namespace {
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 }  // namespace
 
 TEST_SUITE("trainer/composition") {
@@ -180,7 +172,7 @@ TEST_SUITE("trainer/composition") {
                    "4 × 1 = 4 sequences do not split over 8 data-parallel ranks"));
     CHECK(contains(error_of([&] { base().rollout_n(0).validate(); }), "rollout_n = 0 is below 1"));
     CHECK(contains(error_of([&] { base().sequence_parallel_size(4).validate(); }), "6 % 4 = 2"));
-    CHECK(error_of([&] { StaticBatch<60, 12, 6, 60, 4>::geometry().validate(); }) == "no error");
+    CHECK(error_of([&] { StaticBatch<60, 12, 6, 60, 4>::geometry().validate(); }) == "(no error)");
   }
 
   TEST_CASE("a composed trainer exposes its policies, validates options and describes itself") {
@@ -236,7 +228,7 @@ TEST_SUITE("trainer/composition") {
     CHECK(contains(error_of([] { NaiveOptions{}.max_batch_size(0).validate(); }), "max_batch_size = 0"));
     CHECK(contains(error_of([] { SamplingOptions{}.temperature(-1).validate(); }), "temperature = -1"));
     CHECK(contains(error_of([] { PackedOptions{}.row_length(0).validate(); }), "row_length = 0"));
-    CHECK(error_of([] { PagedOptions{}.validate(); }) == "no error");
+    CHECK(error_of([] { PagedOptions{}.validate(); }) == "(no error)");
   }
 
   TEST_CASE("one owner per knob: the trainer derives world size, rollout TP, loader batch and seeds") {
@@ -283,7 +275,7 @@ TEST_SUITE("trainer/composition") {
     using TN = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
     TN::Options n;
     n.geometry().train_batch_size(4).ppo_mini_batch_size(4);
-    CHECK(error_of([&] { TN(n, 2); }) == "no error");
+    CHECK(error_of([&] { TN(n, 2); }) == "(no error)");
     n.rollout().tensor_parallel_size(2);
     const auto naive_tp = error_of([&] { TN(n, 2); });
     CHECK(contains(naive_tp, "rollout.tensor_parallel_size = 2 but Rollout<Naive> runs one full copy"));
@@ -298,13 +290,13 @@ TEST_SUITE("trainer/composition") {
     using TO = Trainer<Off, Sharding<FSDP>, Loader<Bucketed>>;
     TO::Options off;
     off.loader().max_tokens_per_batch(512);
-    CHECK(error_of([&] { TO{off}; }) == "no error");
+    CHECK(error_of([&] { TO{off}; }) == "(no error)");
 
     // sharding checked against the world size
     TN::Options fsdp;
     fsdp.geometry().train_batch_size(24).ppo_mini_batch_size(24);
     fsdp.sharding().shard_group_size(4);
-    CHECK(error_of([&] { TN(fsdp, 8); }) == "no error");
+    CHECK(error_of([&] { TN(fsdp, 8); }) == "(no error)");
     CHECK(contains(error_of([&] { TN(fsdp, 6); }), "sharding.shard_group_size = 4 does not divide world_size 6 (6 % 4 = 2)"));
     using T3 = Trainer<On, Sharding<TP3D>, Rollout<Paged>, Loader<Packed>>;
     T3::Options mesh;
