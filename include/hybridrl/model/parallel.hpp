@@ -109,16 +109,11 @@ inline int64_t tp_local_size(int64_t n, const ParallelContext& pc, std::string_v
   return n / pc.tp_size;
 }
 
-/// The dimension on which parameter `name` (an HF tensor name) is split across tensor-parallel
-/// ranks, or std::nullopt when it is replicated. The rule of this header's \file comment.
-inline std::optional<int64_t> tp_split_dim(std::string_view name) {
-  return tensor_parallel_dim(name);  // the one rule, shared with weight export (sharding/weights.hpp)
-}
-
 /// This rank's shard of the full tensor `full` of parameter `name` (a view when contiguous slicing
-/// allows; copy it before keeping it).
+/// allows; copy it before keeping it). The split follows tensor_parallel_dim (sharding/weights.hpp),
+/// the one rule weight export uses too.
 inline at::Tensor tp_shard(const at::Tensor& full, std::string_view name, const ParallelContext& pc) {
-  const auto dim = tp_split_dim(name);
+  const auto dim = tensor_parallel_dim(name);
   if (!pc.sharded() || !dim) return full;
   const auto n = tp_local_size(full.size(*dim), pc, fmt::format("{} size({})", name, *dim));
   return full.narrow(*dim, pc.tp_rank * n, n);
