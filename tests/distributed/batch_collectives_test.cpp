@@ -5,6 +5,7 @@
 #include "../support/gloo.hpp"
 
 #include <hybridrl/distributed/batch_collectives.hpp>
+#include <fmt/format.h>
 
 #include <string>
 #include <vector>
@@ -21,7 +22,7 @@ TensorBatch rank_batch(int rank) {
   const int64_t n = rank + 1;
   auto x = at::arange(n, at::kLong) + 100 * rank;
   Column id;
-  for (int64_t i = 0; i < n; ++i) id.push_back("r" + std::to_string(rank) + "-" + std::to_string(i));
+  for (int64_t i = 0; i < n; ++i) id.push_back(fmt::format("r{}-{}", rank, i));
   return TensorBatch({{"x", x}, {"h", x.to(at::kBFloat16).unsqueeze(1).repeat({1, 2})}, {"flag", x.remainder(2).to(at::kBool)}},
                      {{"id", id}}, {{"rank", rank}});
 }
