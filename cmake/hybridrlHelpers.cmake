@@ -2,21 +2,24 @@
 # hybridrl's own build).
 #
 #   hybridrl_use_torch_pch(<target>)
-#     Compiles <target> against a precompiled header of <torch/torch.h>, nlohmann-json and fmt,
-#     built once per build tree (target hybridrl_torch_pch) and reused by every target that asks.
-#     A LibTorch translation unit costs ~20 s of header parsing without it, ~3 s with it.
-#     Set HYBRIDRL_USE_PCH=OFF to turn it off (e.g. to check include hygiene).
+#     Compiles <target> against one precompiled header, built once per build tree (target
+#     hybridrl_torch_pch) and reused by every target that asks: hybridrl's headers with the LibTorch
+#     parts they include (ATen, torch/nn, autograd, c10d), nlohmann-json and fmt
+#     (<hybridrl/detail/precompiled.hpp>). A translation unit that includes <hybridrl/hybridrl.hpp>
+#     costs ~45 s without it and ~7 s with it (GCC 12, -O3); <torch/torch.h>'s other parts (jit,
+#     optim, data) are not in it. Set HYBRIDRL_USE_PCH=OFF to turn it off (e.g. to check include
+#     hygiene).
 function(hybridrl_use_torch_pch target)
   if(DEFINED HYBRIDRL_USE_PCH AND NOT HYBRIDRL_USE_PCH)
     return()
   endif()
   if(NOT TARGET hybridrl_torch_pch)
     set(src "${CMAKE_BINARY_DIR}/hybridrl_torch_pch.cpp")
-    file(CONFIGURE OUTPUT "${src}" CONTENT "// hybridrl: precompiled LibTorch headers\n")
+    file(CONFIGURE OUTPUT "${src}" CONTENT "// hybridrl: precompiled hybridrl and LibTorch headers\n")
     add_library(hybridrl_torch_pch OBJECT "${src}")
     target_link_libraries(hybridrl_torch_pch PUBLIC hybridrl::hybridrl)
     target_precompile_headers(hybridrl_torch_pch PRIVATE
-      <torch/torch.h> <nlohmann/json.hpp> <fmt/format.h> <fmt/ranges.h>
+      <hybridrl/detail/precompiled.hpp> <nlohmann/json.hpp> <fmt/format.h> <fmt/ranges.h>
       <map> <string> <vector> <memory> <functional>)
   endif()
   target_precompile_headers(${target} REUSE_FROM hybridrl_torch_pch)

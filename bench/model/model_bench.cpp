@@ -2,7 +2,8 @@
 // tests/fixtures/models/llama: hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 320), plain and
 // with activation checkpointing, and the chunked log-prob path the trainer uses.
 #include <benchmark/benchmark.h>
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 #include "hybridrl/model/model.hpp"
 #include "hybridrl/rollout/naive/dense_kv_cache.hpp"

@@ -7,7 +7,8 @@
 // wrong. Exits non-zero when training does not lower the loss or the reload differs.
 #include <hybridrl/hybridrl.hpp>
 
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdio>

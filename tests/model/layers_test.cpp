@@ -1,5 +1,6 @@
 // Model building blocks and forward modes, against hand computations and against each other.
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <numbers>

@@ -3,7 +3,9 @@
 // full model's gradients (double precision). The shard layout below is written out here, not
 // taken from the library: q/k/v/gate/up (weights and biases), embed_tokens and lm_head split on
 // dim 0, o_proj/down_proj weights on dim 1, everything else replicated.
-#include <torch/torch.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
 
 #include <map>
 #include <string>

@@ -1,6 +1,7 @@
 // Hugging Face checkpoints: logits equal transformers' (fixtures made by
 // tests/fixtures/make_model_fixtures.py), safetensors errors, save → load round trips.
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
 
 #include <ftw.h>
 

@@ -1,7 +1,8 @@
 // The model's seams: the per-layer runner hook (gather/free counted in forward and backward, with
 // and without activation checkpointing; output bit-equal to the default runner), CPU autocast,
 // log-prob alignment and sequence_log_probs against a scalar reference, and the error paths.
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <string>
