@@ -21,8 +21,6 @@ function(hybridrl_use_torch_pch target)
     target_precompile_headers(hybridrl_torch_pch PRIVATE
       <hybridrl/detail/precompiled.hpp> <nlohmann/json.hpp> <fmt/format.h> <fmt/ranges.h>
       <map> <string> <vector> <memory> <functional>)
-    # The owner's one source is empty: it needs the precompiled header built, not compiled after it.
-    set_source_files_properties("${src}" TARGET_DIRECTORY hybridrl_torch_pch PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
   endif()
   target_precompile_headers(${target} REUSE_FROM hybridrl_torch_pch)
 endfunction()
