@@ -247,8 +247,9 @@ inner:
       "mode": "fast", "dtype": "bfloat16", "device": "cpu", "limit": null, "tags": [],
       "inner": {"depth": 2}})");
     CHECK(to_json(AllTypes{}) == expected);
-    CHECK(to_json(SamplingOptions{}) == json::parse(R"({"temperature": 1.0, "top_k": 0, "top_p": 1.0,
-                                                      "max_new_tokens": 256, "stop_token_ids": []})"));
+    CHECK(to_json(SamplingOptions{}) == json::parse(R"({"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                                                      "max_new_tokens": 256, "min_new_tokens": 0, "stop_token_ids": [],
+                                                      "ignore_eos": false, "seed": 0})"));
     // loader: the common fields sit at the loader's level; batch_size and seed are not keys
     CHECK(config_keys<BucketedOptions>() ==
           std::vector<std::string>{"shuffle", "drop_last", "epochs", "prefetch_factor", "pin_memory",
@@ -257,9 +258,10 @@ inner:
     CHECK(config_keys<BatchGeometry>() ==
           std::vector<std::string>{"train_batch_size", "rollout_n", "ppo_mini_batch_size",
                                    "micro_batch_size_per_gpu", "sequence_parallel_size", "ppo_epochs"});
-    // sampling: the seed is derived from the run seed
+    // sampling: every field is a key (rollout.seed; a Trainer derives it from its run seed)
     CHECK(config_keys<SamplingOptions>() ==
-          std::vector<std::string>{"temperature", "top_k", "top_p", "max_new_tokens", "stop_token_ids"});
+          std::vector<std::string>{"temperature", "top_k", "top_p", "min_p", "max_new_tokens",
+                                   "min_new_tokens", "stop_token_ids", "ignore_eos", "seed"});
     // an offline trainer has no rollout table
     const auto off = config_keys<OfflineTrainer::Options>();
     CHECK(std::none_of(off.begin(), off.end(), [](const std::string& k) { return k.rfind("rollout", 0) == 0; }));
@@ -284,8 +286,8 @@ inner:
     PagedTrainer::Options o;
     apply_override(o, "algorithm.clip_high", "0.28");
     CHECK(o.algorithm().clip_high() == 0.28);
-    apply_overrides(o, {"rollout.sampling.temperature=0.7", "rollout.prefix_sharing=false",
-                        "rollout.sampling.stop_token_ids=[2, 5]", "sharding.param_dtype=float32",
+    apply_overrides(o, {"rollout.temperature=0.7", "rollout.prefix_sharing=false",
+                        "rollout.stop_token_ids=[2, 5]", "sharding.param_dtype=float32",
                         "geometry.ppo_epochs=4", "loader.shuffle=false", "seed=11", "algorithm.mode=careful"});
     CHECK(o.rollout().sampling().temperature() == 0.7);
     CHECK(!o.rollout().prefix_sharing());
@@ -320,9 +322,9 @@ inner:
     CHECK(contains(far, "unknown configuration key completely_unrelated_thing"));
     CHECK(!contains(far, "did you mean"));
 
-    const auto type = error_of([&] { apply_override(o, "rollout.sampling.top_k", "abc"); });
-    CHECK(contains(type, "rollout.sampling.top_k = \"abc\" is not an integer"));
-    CHECK(contains(type, "give rollout.sampling.top_k a value of type integer"));
+    const auto type = error_of([&] { apply_override(o, "rollout.top_k", "abc"); });
+    CHECK(contains(type, "rollout.top_k = \"abc\" is not an integer"));
+    CHECK(contains(type, "give rollout.top_k a value of type integer"));
     CHECK(contains(error_of([&] { apply_override(o, "rollout.block_size", "1.5"); }), "rollout.block_size = \"1.5\" is not an integer"));
     CHECK(contains(error_of([&] { apply_override(o, "rollout.prefix_sharing", "yes"); }), "is not a bool"));
     CHECK(contains(error_of([&] { apply_override(o, "seed", "-1"); }), "seed = \"-1\" is not an unsigned integer in range"));
@@ -350,7 +352,7 @@ inner:
     CHECK(o.geometry().rollout_n() == 8);       // environment over file
     CHECK(o.seed() == 3u);                      // command line over environment
     CHECK(o.rollout().memory_fraction() == 0.5);  // default
-    CHECK(env_key("HYBRIDRL_ROLLOUT__SAMPLING__TOP_P", "HYBRIDRL_") == "rollout.sampling.top_p");
+    CHECK(env_key("HYBRIDRL_ROLLOUT__TOP_P", "HYBRIDRL_") == "rollout.top_p");
 
     ConfigSources bad;
     bad.environment = {{"HYBRIDRL_ROLOUT__BLOCK_SIZE", "64"}};
@@ -384,7 +386,7 @@ inner:
   TEST_CASE("help shows type and default; describe shows values") {
     const auto h = help<PagedOptions>();
     CHECK(ends_with(help_line(h, "block_size"), " <integer> (default: 16)"));
-    CHECK(ends_with(help_line(h, "sampling.temperature"), " <number> (default: 1.0)"));
+    CHECK(ends_with(help_line(h, "temperature"), " <number> (default: 1.0)"));
     CHECK(ends_with(help_line(h, "prefix_sharing"), " <bool> (default: true)"));
     CHECK(ends_with(help_line(help<BucketedOptions>(), "prompt_padding"), " <one of {left, right}> (default: \"left\")"));
     CHECK(ends_with(help_line(help<FSDPOptions>(), "param_dtype"),

@@ -192,7 +192,7 @@ TEST_SUITE("trainer/composition") {
     // every part's validate() runs before anything else happens
     CHECK(contains(error_of([&] { T(T::Options{opts}.algorithm(TinyOptions{}.scale(-1)), 2); }), "algorithm.scale must be positive"));
     CHECK(contains(error_of([&] { T(T::Options{opts}.rollout(PagedOptions{}.block_size(12)), 2); }), "rollout.block_size = 12"));
-    CHECK(contains(error_of([&] { auto o = opts; o.rollout().sampling().top_p(0); T(o, 2); }), "rollout.sampling.top_p = 0"));
+    CHECK(contains(error_of([&] { auto o = opts; o.rollout().sampling().top_p(0); T(o, 2); }), "rollout.top_p = 0"));
     CHECK(contains(error_of([&] { auto o = opts; o.loader().epochs(-1); T(o, 2); }), "loader.epochs = -1"));
     CHECK(contains(error_of([&] { auto o = opts; o.geometry().world_size(1); T(o, 3); }), "world_size 3"));
   }
@@ -306,7 +306,7 @@ TEST_SUITE("trainer/composition") {
                    "sharding.tensor_parallel_size × pipeline_parallel_size = 4 × 1 = 4 does not divide world_size 6"));
     // nested members get their parent's path; geometry counts name their field
     CHECK(contains(error_of([&] { auto o = mesh; o.rollout().sampling().max_new_tokens(0); T3(o, 4); }),
-                   "rollout.sampling.max_new_tokens = 0 is below 1"));
+                   "rollout.max_new_tokens = 0 is below 1"));
     CHECK(contains(error_of([&] { auto o = mesh; o.geometry().ppo_epochs(0); T3(o, 4); }),
                    "geometry.ppo_epochs = 0 is below 1"));
     CHECK(contains(error_of([&] { auto o = mesh; o.sharding().pipeline_parallel_size(0); T3(o, 4); }),

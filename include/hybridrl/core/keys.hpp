@@ -53,13 +53,18 @@ inline constexpr Key response_mask{"response_mask", "[B, T] or [B, R]", "int64 0
 inline constexpr Key prompts{"prompts", "[B, P]", "int64", "Rollout (generate)"};
 /// Generated response tokens, right-padded to R.
 inline constexpr Key responses{"responses", "[B, R]", "int64", "Rollout (generate)"};
-/// Log-probs of the sampled tokens under the rollout engine's sampling distribution.
+/// Log-probs of the sampled tokens: log_softmax(logits / temperature) at the token (temperature 1
+/// when greedy), before top-k / top-p / min-p, as the trainer recomputes them (rollout/sampler.hpp).
 inline constexpr Key rollout_log_probs{"rollout_log_probs", "[B, R]", "float32", "Rollout (generate)"};
 /// Why each sequence stopped (FinishReason as int64: 0 length, 1 stop token, 2 aborted).
 inline constexpr Key finish_reason{"finish_reason", "[B]", "int64", "Rollout (generate)"};
 /// Rows generated from the same prompt share a group id (GRPO/RLOO baselines).
 inline constexpr Key group_ids{"group_ids", "[B]", "int64",
                                "repeat_for_rollout (from the Loader's uid column)"};
+
+/// Optional per-request sampling seed (64-bit pattern); without it a request's seed is
+/// request_seed(rollout.seed, group id).
+inline constexpr Key sampling_seeds{"sampling_seeds", "[B]", "int64", "the caller (optional input of generate)"};
 
 // ---- packed rows (Loader<Packed> / pack()) ----
 /// Sequence index of each token inside the micro-batch, -1 on padding.
@@ -131,7 +136,7 @@ inline constexpr Key response_text{"response", "[B] column", "string", "Rollout 
 /// Every key above, for documentation tables and lookups of producers by name.
 inline constexpr std::array all{
     input_ids, attention_mask, position_ids, response_mask, prompts, responses, rollout_log_probs,
-    finish_reason, group_ids, segment_ids, cu_seqlens, chosen_input_ids, chosen_attention_mask,
+    finish_reason, group_ids, sampling_seeds, segment_ids, cu_seqlens, chosen_input_ids, chosen_attention_mask,
     chosen_position_ids, chosen_response_mask, rejected_input_ids, rejected_attention_mask,
     rejected_position_ids, rejected_response_mask, kl_input_ids, kl_attention_mask, kl_position_ids,
     kl_response_mask, desirable, log_probs, old_log_probs, ref_log_probs, entropy, values,

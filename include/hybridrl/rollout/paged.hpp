@@ -40,7 +40,7 @@ struct PagedOptions {
 
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
-    detail::validate_member(sampling_, "sampling");
+    sampling_.validate();  // inline fields: rollout.temperature, not rollout.sampling.temperature
     HYBRIDRL_CHECK(block_size_ >= 1 && (block_size_ & (block_size_ - 1)) == 0,
                    fmt::format("block_size = {} is not a positive power of two", block_size_),
                    "use 16 (the usual choice) or another power of two");

@@ -1,0 +1,207 @@
+// Rollout<Naive> on the tiny Hugging Face fixtures: greedy tokens equal a step-by-step
+// full-recompute forward (no KV cache) for mixed prompt lengths; returned log-probs equal the
+// model's log-probs of the chosen tokens; stop rules; per-request seeds; weight loading; errors.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hybridrl/model/log_probs.hpp"
+#include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/rollout/naive.hpp"
+#include "../support/tensors.hpp"
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
+
+using namespace hybridrl;
+using hybridrl::testing::contains;
+using hybridrl::testing::error_of;
+
+namespace hybridrl::testing {
+inline const std::string kRolloutModels = std::string(HYBRIDRL_FIXTURES_DIR) + "/models";
+
+// Left-padded prompts of the given token lists.
+inline TensorBatch prompt_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad = 0) {
+  int64_t P = 0;
+  for (const auto& r : rows) P = std::max<int64_t>(P, static_cast<int64_t>(r.size()));
+  const auto B = static_cast<int64_t>(rows.size());
+  auto ids = at::full({B, P}, pad, at::kLong), mask = at::zeros({B, P}, at::kLong);
+  for (int64_t i = 0; i < B; ++i) {
+    const auto L = static_cast<int64_t>(rows[static_cast<size_t>(i)].size());
+    if (L == 0) continue;
+    ids[i].narrow(0, P - L, L).copy_(at::tensor(rows[static_cast<size_t>(i)], at::kLong));
+    mask[i].narrow(0, P - L, L).fill_(1);
+  }
+  return TensorBatch({{"input_ids", ids}, {"attention_mask", mask}});
+}
+
+// Greedy continuation by full recompute: each step runs the whole sequence through forward() and
+// takes the argmax of the last position (no cache, no padding).
+inline std::vector<int64_t> greedy_by_recompute(CausalLM m, std::vector<int64_t> seq, int64_t n, int64_t eos = -1) {
+  c10::NoGradGuard g;
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < n; ++t) {
+    auto logits = m->forward(at::tensor(seq, at::kLong).view({1, -1}));
+    const auto next = logits[0][-1].argmax().item<int64_t>();
+    out.push_back(next);
+    seq.push_back(next);
+    if (next == eos) break;
+  }
+  return out;
+}
+
+inline std::vector<int64_t> row_tokens(const TensorBatch& out, int64_t row) {
+  auto r = out.tensor(keys::responses)[row];
+  auto m = out.tensor(keys::response_mask)[row];
+  std::vector<int64_t> v;
+  for (int64_t t = 0; t < r.size(0); ++t) {
+    if (m[t].item<int64_t>() == 1) v.push_back(r[t].item<int64_t>());
+  }
+  return v;
+}
+}  // namespace hybridrl::testing
+
+using hybridrl::testing::greedy_by_recompute;
+using hybridrl::testing::kRolloutModels;
+using hybridrl::testing::prompt_batch;
+using hybridrl::testing::row_tokens;
+
+TEST_SUITE("rollout/naive") {
+  TEST_CASE("greedy tokens equal a full-recompute forward, for mixed prompt lengths and every fixture") {
+    const std::vector<std::vector<int64_t>> prompts{{1, 17, 23, 99, 5, 61, 7}, {1, 250}, {1, 40, 41, 42, 43}};
+    for (std::string name : {"llama", "mistral", "qwen2"}) {
+      CAPTURE(name);
+      auto m = load_causal_lm(kRolloutModels + "/" + name);
+      // chunks of 2 rows: the last chunk holds one row, so chunking is covered too
+      NaiveEngine engine(m, NaiveOptions{}.max_batch_size(2));
+      const auto s = SamplingOptions{}.temperature(0).max_new_tokens(9).ignore_eos(true);
+      auto out = engine.generate(prompt_batch(prompts), s);
+      out.require(rollout_output_keys, "test");
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        CHECK(row_tokens(out, static_cast<int64_t>(i)) == greedy_by_recompute(m, prompts[i], 9));
+        CHECK(out.tensor(keys::finish_reason)[static_cast<int64_t>(i)].item<int64_t>() ==
+              static_cast<int64_t>(FinishReason::length));
+      }
+      CHECK(engine.stats().generated_tokens == 27);
+      CHECK(engine.stats().prompt_tokens == 14);
+    }
+  }
+
+  TEST_CASE("returned log-probs equal the model's log-probs of the chosen tokens (fp32, <= 1e-5)") {
+    auto m = load_causal_lm(kRolloutModels + "/llama");
+    NaiveEngine engine(m, NaiveOptions{});
+    for (double T : {0.0, 0.8}) {
+      CAPTURE(T);
+      const auto s = SamplingOptions{}.temperature(T).max_new_tokens(6).ignore_eos(true).seed(3);
+      auto out = engine.generate(prompt_batch({{1, 9, 8, 7}, {1, 300, 2, 44, 45, 46}}), s);
+      c10::NoGradGuard g;
+      auto lp = token_log_probs(m, out.tensor(keys::input_ids),
+                                ForwardArgs{}.attention_mask(out.tensor(keys::attention_mask))
+                                    .position_ids(out.tensor(keys::position_ids)),
+                                LogProbOptions{}.temperature(T == 0.0 ? 1.0 : T))
+                    .log_probs;
+      const auto P = out.tensor(keys::prompts).size(1);
+      auto resp_lp = lp.narrow(1, P, lp.size(1) - P);
+      auto mask = out.tensor(keys::response_mask).to(at::kBool);
+      auto diff = (resp_lp - out.tensor(keys::rollout_log_probs)).abs().masked_select(mask);
+      CHECK(diff.max().item<double>() <= 1e-5);
+    }
+  }
+
+  TEST_CASE("stop rules: EOS and stop ids end a response (included), min_new_tokens bans them, ignore_eos") {
+    auto m = load_causal_lm(kRolloutModels + "/llama");
+    NaiveEngine engine(m, NaiveOptions{});
+    const std::vector<int64_t> prompt{1, 17, 23, 99};
+    const auto free_run = greedy_by_recompute(m, prompt, 12);
+    const auto stop = free_run[3];  // the 4th greedy token
+    size_t first = 0;
+    while (free_run[first] != stop) ++first;
+    auto out = engine.generate(prompt_batch({prompt}),
+                               SamplingOptions{}.temperature(0).max_new_tokens(12).stop_token_ids({stop}).ignore_eos(true));
+    CHECK(row_tokens(out, 0) == std::vector<int64_t>(free_run.begin(), free_run.begin() + static_cast<long>(first) + 1));
+    CHECK(out.tensor(keys::finish_reason)[0].item<int64_t>() == static_cast<int64_t>(FinishReason::stop));
+    // the model's EOS (config eos_token_id) stops too, unless ignore_eos
+    CHECK(m->config().eos_token_id.has_value());
+    auto eos_cfg = m->config();
+    eos_cfg.eos_token_id = stop;
+    auto m2 = CausalLM(eos_cfg);
+    hybridrl::detail::copy_parameters(*m2, *m);
+    NaiveEngine e2(m2, NaiveOptions{});
+    auto by_eos = e2.generate(prompt_batch({prompt}), SamplingOptions{}.temperature(0).max_new_tokens(12));
+    CHECK(row_tokens(by_eos, 0).size() == first + 1);
+    auto ignored = e2.generate(prompt_batch({prompt}), SamplingOptions{}.temperature(0).max_new_tokens(12).ignore_eos(true));
+    CHECK(row_tokens(ignored, 0) == free_run);
+    // min_new_tokens: the stop token cannot be drawn before it, so the response is at least that long
+    auto longer = e2.generate(prompt_batch({prompt}),
+                              SamplingOptions{}.temperature(0).max_new_tokens(12).min_new_tokens(static_cast<int64_t>(first) + 2));
+    const auto toks = row_tokens(longer, 0);
+    CHECK(toks.size() >= first + 2);
+    for (size_t t = 0; t + 1 < first + 2 && t < toks.size(); ++t) CHECK(toks[t] != stop);
+  }
+
+  TEST_CASE("a response stops at the model's context (finish_reason length)") {
+    auto m = load_causal_lm(kRolloutModels + "/llama");
+    const auto ctx = m->config().max_position_embeddings;
+    std::vector<int64_t> prompt(static_cast<size_t>(ctx - 3), 5);
+    NaiveEngine engine(m, NaiveOptions{});
+    auto out = engine.generate(prompt_batch({prompt}), SamplingOptions{}.temperature(0).max_new_tokens(50).ignore_eos(true));
+    CHECK(row_tokens(out, 0).size() == 3);
+    CHECK(out.tensor(keys::finish_reason)[0].item<int64_t>() == static_cast<int64_t>(FinishReason::length));
+  }
+
+  TEST_CASE("per-request seeds: a request draws the same tokens whatever else is in the batch") {
+    auto m = load_causal_lm(kRolloutModels + "/qwen2");
+    NaiveEngine engine(m, NaiveOptions{}.max_batch_size(3));
+    const auto s = SamplingOptions{}.temperature(1.0).top_p(0.95).max_new_tokens(8).ignore_eos(true).seed(11);
+    auto a = prompt_batch({{1, 5, 6}, {1, 7}});
+    a.set(keys::group_ids, at::tensor(std::vector<int64_t>{40, 41}, at::kLong));
+    auto b = prompt_batch({{1, 99, 98, 97, 96}, {1, 7}, {1, 5, 6}, {1, 5, 6}});
+    b.set(keys::group_ids, at::tensor(std::vector<int64_t>{7, 41, 40, 40}, at::kLong));
+    auto oa = engine.generate(a, s), ob = engine.generate(b, s);
+    CHECK(row_tokens(ob, 1) == row_tokens(oa, 1));  // group 41, its first sample
+    CHECK(row_tokens(ob, 2) == row_tokens(oa, 0));  // group 40, its first sample
+    CHECK(row_tokens(ob, 3) != row_tokens(ob, 2));  // group 40's second sample draws other noise
+    // explicit sampling_seeds override the derived ones
+    auto c = prompt_batch({{1, 5, 6}});
+    c.set(keys::sampling_seeds, at::tensor(std::vector<int64_t>{static_cast<int64_t>(request_seed(11, 40))}, at::kLong));
+    c.set(keys::group_ids, at::tensor(std::vector<int64_t>{999}, at::kLong));
+    CHECK(row_tokens(engine.generate(c, s), 0) == row_tokens(oa, 0));
+    CHECK(at::equal(ob.tensor(keys::group_ids), b.tensor(keys::group_ids)));
+  }
+
+  TEST_CASE("load_weights fills a made engine: it then generates as one built on the checkpoint") {
+    auto m = load_causal_lm(kRolloutModels + "/mistral");
+    auto engine = Rollout<Naive>::make(m->config(), NaiveOptions{});
+    CHECK(engine.weight_spec() == WeightSpec{1, 0, at::kFloat});
+    const auto s = SamplingOptions{}.temperature(0).max_new_tokens(5).ignore_eos(true);
+    const auto batch = prompt_batch({{1, 3, 4, 5}, {1, 6}});
+    WeightBucket bucket;
+    for (const auto& p : m->named_parameters()) bucket.push_back({p.key(), p.value()});
+    engine.load_weights(WeightBucket(bucket.begin(), bucket.begin() + 3));  // buckets, in any split
+    engine.load_weights(WeightBucket(bucket.begin() + 3, bucket.end()));
+    NaiveEngine direct(m, NaiveOptions{});
+    CHECK(at::equal(engine.generate(batch, s).tensor(keys::responses), direct.generate(batch, s).tensor(keys::responses)));
+    CHECK(contains(error_of([&] { engine.load_weights({{"model.nope.weight", at::zeros({1})}}); }),
+                   "has no parameter 'model.nope.weight'"));
+    CHECK(contains(error_of([&] { engine.load_weights({{"model.norm.weight", at::zeros({3})}}); }), "has shape [3]"));
+    engine.release_memory();
+    CHECK(contains(error_of([&] { engine.generate(batch, s); }), "call resume_memory()"));
+    engine.resume_memory();
+    CHECK(engine.generate(batch, s).size() == 2);
+  }
+
+  TEST_CASE("bad requests are refused before any model work, naming the row and the fix") {
+    auto m = load_causal_lm(kRolloutModels + "/llama");
+    NaiveEngine engine(m, NaiveOptions{});
+    const auto s = SamplingOptions{}.temperature(0).max_new_tokens(4);
+    CHECK(contains(error_of([&] { engine.generate(prompt_batch({{1, 2}, {}}), s); }), "prompt 1 is empty"));
+    CHECK(contains(error_of([&] { engine.generate(prompt_batch({{1, 320}}), s); }),
+                   "prompt 0 holds token id 320 outside the vocabulary [0, 320)"));
+    const std::vector<int64_t> too_long(static_cast<size_t>(m->config().max_position_embeddings), 3);
+    CHECK(contains(error_of([&] { engine.generate(prompt_batch({too_long}), s); }), "no room for a response"));
+    CHECK(contains(error_of([&] { engine.generate(prompt_batch({{1, 2}}), SamplingOptions{}.max_new_tokens(0)); }),
+                   "rollout.max_new_tokens = 0 is below 1"));
+    CHECK(contains(error_of([&] { engine.generate(TensorBatch({{"x", at::zeros({2})}}), s); }), "has no 'input_ids'"));
+  }
+}
