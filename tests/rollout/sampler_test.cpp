@@ -182,7 +182,7 @@ TEST_SUITE("rollout/sampler") {
     auto gpu = sample_tokens(logits.cuda(), o, dev);
     CHECK(at::equal(cpu.tokens, gpu.tokens.cpu()));
     CHECK(at::allclose(cpu.log_probs, gpu.log_probs.cpu(), 1e-5, 1e-5));
-    CHECK(at::equal(detail::sampling_uniforms(rows, 1000), detail::sampling_uniforms(dev, 1000).cpu()));
+    CHECK(at::equal(hybridrl::detail::sampling_uniforms(rows, 1000), hybridrl::detail::sampling_uniforms(dev, 1000).cpu()));
   }
 
   TEST_CASE("bad sampling options are refused with the key and a fix") {
