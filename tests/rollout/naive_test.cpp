@@ -5,8 +5,11 @@
 #include <c10/core/GradMode.h>
 
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "hybridrl/model/log_probs.hpp"
 #include "hybridrl/model/pretrained.hpp"
@@ -85,6 +88,22 @@ TEST_SUITE("rollout/naive") {
       }
       CHECK(engine.stats().generated_tokens == 27);
       CHECK(engine.stats().prompt_tokens == 14);
+    }
+  }
+
+  TEST_CASE("greedy tokens equal transformers' greedy generate() (tests/fixtures/models/hf_greedy.json)") {
+    // made by make_model_fixtures.py --greedy with transformers 5.17 (fp32, CPU, eager attention)
+    std::ifstream in(kRolloutModels + "/hf_greedy.json");
+    REQUIRE(in.good());
+    const auto ref = nlohmann::json::parse(in);
+    for (std::string name : {"llama", "mistral", "qwen2"}) {
+      CAPTURE(name);
+      const auto prompts = ref.at(name).at("prompts").get<std::vector<std::vector<int64_t>>>();
+      const auto greedy = ref.at(name).at("greedy").get<std::vector<std::vector<int64_t>>>();
+      NaiveEngine engine(load_causal_lm(kRolloutModels + "/" + name), NaiveOptions{});
+      const auto n = static_cast<int64_t>(greedy.front().size());
+      auto out = engine.generate(prompt_batch(prompts), SamplingOptions{}.temperature(0).max_new_tokens(n).ignore_eos(true));
+      for (size_t i = 0; i < prompts.size(); ++i) CHECK(row_tokens(out, static_cast<int64_t>(i)) == greedy[i]);
     }
   }
 
