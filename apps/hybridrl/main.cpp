@@ -1,6 +1,7 @@
 // hybridrl — the command-line program. Subcommands (DESIGN.md, "The command line"):
 //   hybridrl info [--json]     the device report: LibTorch, CUDA devices, NCCL, fused attention
-// `train`, `generate` and `tokenize` are added by the trainer, rollout and tokenizer issues.
+//   hybridrl generate --input in.jsonl --output out.jsonl [key=value ...]   offline generation
+// `train` and `tokenize` are added by the trainer and tokenizer issues.
 // Exit codes: 0 ok, 1 a hybridrl::Error (bad input: the message says the problem and the fix),
 // 2 a command-line usage error, 3 any other failure.
 #include <hybridrl/core/device.hpp>
@@ -9,9 +10,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include "generate.hpp"
+
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <string>
+#include <vector>
 
 int main(int argc, char** argv) {
   CLI::App app{"hybridrl: reinforcement-learning post-training of LLMs on LibTorch", "hybridrl"};
@@ -26,6 +31,17 @@ int main(int argc, char** argv) {
     std::cout << (json ? report.to_json().dump(2) : report.to_string()) << '\n';
   });
 
+  auto* generate = app.add_subcommand(
+      "generate", "offline batch generation from a Hugging Face checkpoint (keys: model.path, rollout.n, "
+                  "rollout.max_new_tokens, rollout.temperature, rollout.top_k, rollout.top_p, rollout.seed, ...)");
+  std::string input, output;
+  std::vector<std::string> overrides;
+  generate->add_option("--input", input, "JSONL: one {\"prompt_ids\": [...]} or {\"prompt\": \"...\"} per line")->required();
+  generate->add_option("--output", output, "JSONL: one line per sample, in input order")->required();
+  generate->add_option("overrides", overrides, "key=value settings, e.g. model.path=DIR rollout.n=4");
+  int exit_code = 0;
+  generate->callback([&] { exit_code = hybridrl::app::run_generate(input, output, overrides); });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -38,5 +54,5 @@ int main(int argc, char** argv) {
     std::cerr << "hybridrl: unexpected failure: " << e.what() << '\n';
     return 3;
   }
-  return 0;
+  return exit_code;
 }

@@ -1,0 +1,267 @@
+#pragma once
+// `hybridrl generate`: offline batch generation from a Hugging Face checkpoint directory.
+//   hybridrl generate --input prompts.jsonl --output out.jsonl model.path=DIR rollout.n=4
+//       rollout.max_new_tokens=256 rollout.temperature=0.7 ...
+// Input lines hold `prompt_ids` (token ids) or `prompt` (text, through the checkpoint's
+// tokenizer.model), and optionally `seed`. Output: one line per sample, in input order (the n
+// samples of line i together): prompt_ids, response_ids, log_probs, finish_reason, and response
+// text when the checkpoint has a tokenizer. Everything the input can get wrong is checked before
+// the weights are loaded; the output is written to a temporary file and renamed when complete.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <hybridrl/core/config.hpp>
+#include <hybridrl/core/error.hpp>
+#include <hybridrl/core/keys.hpp>
+#include <hybridrl/core/options.hpp>
+#include <hybridrl/core/tensor_batch.hpp>
+#include <hybridrl/io/atomic_file.hpp>
+#include <hybridrl/model/config.hpp>
+#include <hybridrl/model/pretrained.hpp>
+#include <hybridrl/rollout/generation.hpp>
+#include <hybridrl/rollout/naive.hpp>
+#include <hybridrl/rollout/sampling.hpp>
+#if HYBRIDRL_WITH_SENTENCEPIECE
+#include <hybridrl/tokenizer/sentencepiece.hpp>
+#endif
+
+namespace hybridrl::app {
+
+/// model.*: the checkpoint and where it runs.
+struct GenerateModelOptions {
+  /// A Hugging Face checkpoint directory (config.json + safetensors).
+  HYBRIDRL_ARG(std::string, path) = "";
+  /// Compute dtype of the weights and the KV cache.
+  HYBRIDRL_ARG(at::ScalarType, dtype) = at::kFloat;
+  /// Device: cpu, cuda, cuda:1, ...
+  HYBRIDRL_ARG(std::string, device) = "cpu";
+  HYBRIDRL_FIELDS(path, dtype, device)
+
+  void validate() const {
+    HYBRIDRL_CHECK(!path_.empty(), "path is not set", "pass model.path=DIR, a Hugging Face checkpoint directory");
+    try {
+      (void)at::Device(device_);
+    } catch (const std::exception&) {
+      throw Error(fmt::format("device = \"{}\" is not a device", device_), "use cpu, cuda or cuda:<index>");
+    }
+  }
+};
+
+/// rollout.*: the engine, samples per prompt, sampling (rollout.temperature, ...).
+struct GenerateRolloutOptions {
+  /// naive (dense KV cache) or paged.
+  HYBRIDRL_ARG(std::string, name) = "naive";
+  /// Samples per prompt.
+  HYBRIDRL_ARG(int64_t, n) = 1;
+  HYBRIDRL_ARG(SamplingOptions, sampling) = {};
+  /// Sequences generated together (Rollout<Naive>).
+  HYBRIDRL_ARG(int64_t, max_batch_size) = 64;
+  HYBRIDRL_FIELDS(name, n, sampling, max_batch_size)
+
+  void validate() const {
+    HYBRIDRL_CHECK(name_ == "naive" || name_ == "paged", fmt::format("name = \"{}\" is not a rollout", name_),
+                   "use naive or paged");
+    HYBRIDRL_CHECK(name_ == "naive", "name = paged: this build of hybridrl has no Rollout<Paged> engine yet",
+                   "use rollout.name=naive");
+    HYBRIDRL_CHECK(n_ >= 1, fmt::format("n = {} is below 1", n_), "ask for at least one sample per prompt");
+    HYBRIDRL_CHECK(max_batch_size_ >= 1, fmt::format("max_batch_size = {} is below 1", max_batch_size_),
+                   "use a positive batch size, e.g. 64");
+    sampling_.validate();  // inline fields: rollout.temperature
+  }
+};
+
+/// Everything `hybridrl generate` reads from key=value arguments.
+struct GenerateOptions {
+  HYBRIDRL_ARG(GenerateModelOptions, model) = {};
+  HYBRIDRL_ARG(GenerateRolloutOptions, rollout) = {};
+  HYBRIDRL_FIELDS(model, rollout)
+
+  void validate() const {
+    detail::validate_member(model_, "model");
+    detail::validate_member(rollout_, "rollout");
+  }
+};
+
+/// One input line.
+struct PromptLine {
+  std::vector<int64_t> ids;
+  std::optional<std::string> text;
+  std::optional<int64_t> seed;
+};
+
+/// Reads the input JSONL: every line must hold prompt_ids (a list of integers) or prompt (a
+/// string), not both; blank lines are skipped. Errors name the file and line.
+inline std::vector<PromptLine> read_prompt_lines(const std::string& path) {
+  std::ifstream in(path);
+  HYBRIDRL_CHECK(in.good(), fmt::format("cannot open the input '{}'", path), "pass --input with a JSONL file that exists");
+  std::vector<PromptLine> out;
+  std::string line;
+  for (int64_t no = 1; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto where = fmt::format("{} line {}", path, no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(fmt::format("{}: not JSON ({})", where, e.what()), "write one JSON object per line");
+    }
+    HYBRIDRL_CHECK(j.is_object(), fmt::format("{}: not a JSON object", where),
+                   "write one object per line, e.g. {\"prompt_ids\": [1, 2, 3]}");
+    const bool has_ids = j.contains("prompt_ids"), has_text = j.contains("prompt");
+    HYBRIDRL_CHECK(has_ids != has_text,
+                   fmt::format("{}: {}", where, has_ids ? "has both prompt_ids and prompt" : "has neither prompt_ids nor prompt"),
+                   "give each line prompt_ids (token ids) or prompt (text), not both");
+    PromptLine p;
+    if (has_ids) {
+      const auto& a = j["prompt_ids"];
+      HYBRIDRL_CHECK(a.is_array() && !a.empty(), fmt::format("{}: prompt_ids is not a non-empty list", where),
+                     "write prompt_ids as a list of token ids, e.g. [1, 2, 3]");
+      for (const auto& v : a) {
+        HYBRIDRL_CHECK(v.is_number_integer(), fmt::format("{}: prompt_ids holds {}, not an integer", where, v.dump()),
+                       "write token ids as integers");
+        p.ids.push_back(v.get<int64_t>());
+      }
+    } else {
+      HYBRIDRL_CHECK(j["prompt"].is_string(), fmt::format("{}: prompt is not a string", where),
+                     "write the prompt text as a JSON string");
+      p.text = j["prompt"].get<std::string>();
+    }
+    if (j.contains("seed")) {
+      HYBRIDRL_CHECK(j["seed"].is_number_integer(), fmt::format("{}: seed is not an integer", where), "write seed as an integer");
+      p.seed = j["seed"].get<int64_t>();
+    }
+    out.push_back(std::move(p));
+  }
+  HYBRIDRL_CHECK(!out.empty(), fmt::format("the input '{}' holds no prompts", path), "write one JSON object per line");
+  return out;
+}
+
+/// Runs `hybridrl generate`; returns the process exit code (errors are thrown as hybridrl::Error).
+inline int run_generate(const std::string& input, const std::string& output, const std::vector<std::string>& overrides) {
+  GenerateOptions o;
+  apply_overrides(o, overrides);
+  o.validate();
+  const auto& mo = o.model();
+  const auto& ro = o.rollout();
+  // everything that can be wrong with the input is found before the weights are loaded
+  const auto config = load_config(mo.path());
+  auto lines = read_prompt_lines(input);
+  std::function<std::string(const std::vector<int64_t>&)> decode;
+#if HYBRIDRL_WITH_SENTENCEPIECE
+  std::shared_ptr<SentencePieceTokenizer> tok;
+  bool needs_tokenizer = false;
+  for (const auto& l : lines) needs_tokenizer = needs_tokenizer || l.text.has_value();
+  if (needs_tokenizer || std::filesystem::exists(std::filesystem::path(mo.path()) / "tokenizer.model")) {
+    tok = std::make_shared<SentencePieceTokenizer>(mo.path());  // throws with the fix when absent
+    for (auto& l : lines) {
+      if (l.text) l.ids = tok->encode(*l.text);
+    }
+    decode = [tok](const std::vector<int64_t>& ids) { return tok->decode(ids); };
+  }
+#else
+  for (const auto& l : lines) {
+    HYBRIDRL_CHECK(!l.text, "a line holds prompt text, but this build has no sentencepiece",
+                   "pass prompt_ids, or build hybridrl with libsentencepiece-dev");
+  }
+#endif
+  const auto P = static_cast<int64_t>(lines.size()), n = ro.n();
+  for (int64_t i = 0; i < P; ++i) {
+    const auto& ids = lines[static_cast<size_t>(i)].ids;
+    HYBRIDRL_CHECK(!ids.empty(), fmt::format("{} line {}: the prompt has no tokens", input, i + 1), "give each prompt some text");
+    for (auto t : ids) {
+      HYBRIDRL_CHECK(t >= 0 && t < config.vocab_size,
+                     fmt::format("{} prompt {}: token id {} is outside the vocabulary [0, {})", input, i + 1, t,
+                                 config.vocab_size),
+                     "tokenize with this checkpoint's tokenizer");
+    }
+    HYBRIDRL_CHECK(static_cast<int64_t>(ids.size()) < config.max_position_embeddings,
+                   fmt::format("{} prompt {}: {} tokens leave no room in the model's context of {}", input, i + 1,
+                               ids.size(), config.max_position_embeddings),
+                   "shorten the prompt");
+  }
+  auto model = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(at::Device(mo.device())));
+  NaiveEngine engine(model, NaiveOptions{}.sampling(ro.sampling()).max_batch_size(ro.max_batch_size()));
+  io::AtomicFile out(output);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t done = 0, generated = 0, prompt_tokens = 0;
+  double kv_bytes = 0;
+  const int64_t prompts_per_call = std::max<int64_t>(1, ro.max_batch_size() / n);
+  for (int64_t first = 0; first < P; first += prompts_per_call) {
+    const auto last = std::min(P, first + prompts_per_call);
+    std::vector<std::vector<int64_t>> rows;
+    std::vector<int64_t> groups, seeds;
+    bool any_seed = false;
+    for (int64_t i = first; i < last; ++i) {
+      for (int64_t s = 0; s < n; ++s) {
+        rows.push_back(lines[static_cast<size_t>(i)].ids);
+        groups.push_back(i);
+        const auto& ls = lines[static_cast<size_t>(i)].seed;
+        any_seed = any_seed || ls.has_value();
+        seeds.push_back(ls ? *ls : static_cast<int64_t>(request_seed(ro.sampling().seed(), i)));
+      }
+    }
+    int64_t L = 0;
+    for (const auto& r : rows) L = std::max<int64_t>(L, static_cast<int64_t>(r.size()));
+    const auto B = static_cast<int64_t>(rows.size());
+    auto ids = at::zeros({B, L}, at::kLong), mask = at::zeros({B, L}, at::kLong);
+    for (int64_t b = 0; b < B; ++b) {
+      const auto len = static_cast<int64_t>(rows[static_cast<size_t>(b)].size());
+      ids[b].narrow(0, L - len, len).copy_(at::tensor(rows[static_cast<size_t>(b)], at::kLong));
+      mask[b].narrow(0, L - len, len).fill_(1);
+    }
+    TensorBatch batch({{keys::input_ids.str(), ids}, {keys::attention_mask.str(), mask},
+                       {keys::group_ids.str(), at::tensor(groups, at::kLong)}});
+    if (any_seed) batch.set(keys::sampling_seeds, at::tensor(seeds, at::kLong));
+    auto res = engine.generate(batch);
+    const auto resp = res.tensor(keys::responses), rmask = res.tensor(keys::response_mask);
+    const auto lps = res.tensor(keys::rollout_log_probs), reasons = res.tensor(keys::finish_reason);
+    for (int64_t b = 0; b < B; ++b) {
+      nlohmann::json j;
+      j["prompt_ids"] = rows[static_cast<size_t>(b)];
+      std::vector<int64_t> r;
+      std::vector<float> lp;
+      for (int64_t t = 0; t < resp.size(1); ++t) {
+        if (rmask[b][t].item<int64_t>() == 0) break;
+        r.push_back(resp[b][t].item<int64_t>());
+        lp.push_back(lps[b][t].item<float>());
+      }
+      j["response_ids"] = r;
+      j["log_probs"] = lp;
+      j["finish_reason"] = finish_reason_name(static_cast<FinishReason>(reasons[b].item<int64_t>()));
+      if (decode) j["response"] = decode(r);
+      const auto text = j.dump() + "\n";
+      out.write(text.data(), text.size());
+    }
+    const auto st = engine.stats();
+    done += st.sequences;
+    generated += st.generated_tokens;
+    prompt_tokens += st.prompt_tokens;
+    kv_bytes = std::max(kv_bytes, static_cast<double>(st.kv_cache_bytes));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = done > 0 ? secs / static_cast<double>(done) * static_cast<double>(P * n - done) : 0.0;
+    std::fprintf(stderr, "generate: %lld/%lld sequences, %.1f tokens/s, ETA %.0f s\n", static_cast<long long>(done),
+                 static_cast<long long>(P * n), static_cast<double>(generated) / std::max(secs, 1e-9), eta);
+  }
+  out.commit();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr,
+               "generate: done, %lld sequences, %lld prompt + %lld generated tokens in %.2f s (%.1f generated "
+               "tokens/s), KV cache %.1f MiB, 0 preemptions (Rollout<Naive>); wrote %s\n",
+               static_cast<long long>(done), static_cast<long long>(prompt_tokens), static_cast<long long>(generated),
+               secs, static_cast<double>(generated) / std::max(secs, 1e-9), kv_bytes / (1024.0 * 1024.0), output.c_str());
+  return 0;
+}
+
+}  // namespace hybridrl::app
