@@ -212,17 +212,9 @@ inline int run_generate(const std::string& input, const std::string& output, con
         seeds.push_back(ls ? *ls : static_cast<int64_t>(request_seed(ro.sampling().seed(), i)));
       }
     }
-    int64_t L = 0;
-    for (const auto& r : rows) L = std::max<int64_t>(L, static_cast<int64_t>(r.size()));
+    auto batch = left_padded_prompts(rows, config.pad_token_id.value_or(0));
+    batch.set(keys::group_ids, at::tensor(groups, at::kLong));
     const auto B = static_cast<int64_t>(rows.size());
-    auto ids = at::zeros({B, L}, at::kLong), mask = at::zeros({B, L}, at::kLong);
-    for (int64_t b = 0; b < B; ++b) {
-      const auto len = static_cast<int64_t>(rows[static_cast<size_t>(b)].size());
-      ids[b].narrow(0, L - len, len).copy_(at::tensor(rows[static_cast<size_t>(b)], at::kLong));
-      mask[b].narrow(0, L - len, len).fill_(1);
-    }
-    TensorBatch batch({{keys::input_ids.str(), ids}, {keys::attention_mask.str(), mask},
-                       {keys::group_ids.str(), at::tensor(groups, at::kLong)}});
     if (any_seed) batch.set(keys::sampling_seeds, at::tensor(seeds, at::kLong));
     auto res = engine.generate(batch);
     const auto resp = res.tensor(keys::responses), rmask = res.tensor(keys::response_mask);

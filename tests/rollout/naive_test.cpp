@@ -25,19 +25,7 @@ namespace hybridrl::testing {
 inline const std::string kRolloutModels = std::string(HYBRIDRL_FIXTURES_DIR) + "/models";
 
 // Left-padded prompts of the given token lists.
-inline TensorBatch prompt_batch(const std::vector<std::vector<int64_t>>& rows, int64_t pad = 0) {
-  int64_t P = 0;
-  for (const auto& r : rows) P = std::max<int64_t>(P, static_cast<int64_t>(r.size()));
-  const auto B = static_cast<int64_t>(rows.size());
-  auto ids = at::full({B, P}, pad, at::kLong), mask = at::zeros({B, P}, at::kLong);
-  for (int64_t i = 0; i < B; ++i) {
-    const auto L = static_cast<int64_t>(rows[static_cast<size_t>(i)].size());
-    if (L == 0) continue;
-    ids[i].narrow(0, P - L, L).copy_(at::tensor(rows[static_cast<size_t>(i)], at::kLong));
-    mask[i].narrow(0, P - L, L).fill_(1);
-  }
-  return TensorBatch({{"input_ids", ids}, {"attention_mask", mask}});
-}
+inline TensorBatch prompt_batch(const std::vector<std::vector<int64_t>>& rows) { return left_padded_prompts(rows); }
 
 // Greedy continuation by full recompute: each step runs the whole sequence through forward() and
 // takes the argmax of the last position (no cache, no padding).

@@ -109,6 +109,23 @@ struct StopRule {
   }
 };
 
+/// A prompts batch of token lists: input_ids [B, P] left-padded with `pad_id` and attention_mask,
+/// as generate() takes it (P = the longest list).
+inline TensorBatch left_padded_prompts(const std::vector<std::vector<int64_t>>& rows, int64_t pad_id = 0) {
+  int64_t P = 0;
+  for (const auto& r : rows) P = std::max<int64_t>(P, static_cast<int64_t>(r.size()));
+  const auto B = static_cast<int64_t>(rows.size());
+  auto ids = at::full({B, P}, pad_id, at::kLong), mask = at::zeros({B, P}, at::kLong);
+  for (int64_t i = 0; i < B; ++i) {
+    const auto& r = rows[static_cast<size_t>(i)];
+    const auto L = static_cast<int64_t>(r.size());
+    if (L == 0) continue;
+    ids[i].narrow(0, P - L, L).copy_(at::tensor(r, at::kLong));
+    mask[i].narrow(0, P - L, L).fill_(1);
+  }
+  return TensorBatch({{keys::input_ids.str(), ids}, {keys::attention_mask.str(), mask}});
+}
+
 /// Reads and checks the requests of `prompts` for a model with config `c`: `input_ids` [B, P]
 /// int64 with optional `attention_mask` (any padding side; the real tokens are the mask's 1s),
 /// optional `group_ids` [B] (default: the row index) and `sampling_seeds` [B]. Throws

@@ -156,17 +156,16 @@ class NaiveEngine {
       steps = std::max(steps, rule.budget(L));
     }
     // left-padded prompts; the mask carries the padding through attention and positions
-    auto ids = at::full({b, P}, c.pad_token_id.value_or(0), at::kLong);
-    auto mask = at::zeros({b, P}, at::kLong);
+    std::vector<std::vector<int64_t>> prompt_rows;
     std::vector<int64_t> seed_v, sample_v;
     for (size_t i = first; i < last; ++i) {
-      const auto row = static_cast<int64_t>(i - first);
-      const auto L = static_cast<int64_t>(req[i].prompt.size());
-      ids[row].narrow(0, P - L, L).copy_(at::tensor(req[i].prompt, at::kLong));
-      mask[row].narrow(0, P - L, L).fill_(1);
+      prompt_rows.push_back(req[i].prompt);
       seed_v.push_back(static_cast<int64_t>(req[i].seed));
       sample_v.push_back(req[i].sample);
     }
+    const auto padded = left_padded_prompts(prompt_rows, c.pad_token_id.value_or(0));
+    const auto ids = padded.tensor(keys::input_ids);
+    auto mask = padded.tensor(keys::attention_mask);
     SamplingRows rows;
     rows.seeds = at::tensor(seed_v, at::kLong).to(dev);
     rows.samples = at::tensor(sample_v, at::kLong).to(dev);
