@@ -17,9 +17,9 @@ namespace hybridrl::detail {
 class SplitMix64 {
  public:
   /// A generator whose state starts at `seed`.
-  explicit SplitMix64(uint64_t seed) noexcept : state_(seed) {}
+  explicit constexpr SplitMix64(uint64_t seed) noexcept : state_(seed) {}
   /// The next 64-bit output.
-  uint64_t next() noexcept {
+  constexpr uint64_t next() noexcept {
     uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;

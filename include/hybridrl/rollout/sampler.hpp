@@ -22,6 +22,7 @@
 #include <limits>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/core/rng.hpp"
 #include "hybridrl/rollout/philox.hpp"
 #include "hybridrl/rollout/sampling.hpp"
 
@@ -125,13 +126,7 @@ inline SampledTokens sample_tokens(const at::Tensor& logits, const SamplingOptio
 /// The seed of request `group` (its n samples share it): SplitMix64 of the base seed and the group
 /// id, so requests draw unrelated streams.
 constexpr uint64_t request_seed(uint64_t base, int64_t group) noexcept {
-  auto mix = [](uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
-  return mix(base ^ mix(static_cast<uint64_t>(group)));
+  return detail::SplitMix64(base ^ detail::SplitMix64(static_cast<uint64_t>(group)).next()).next();
 }
 
 }  // namespace hybridrl

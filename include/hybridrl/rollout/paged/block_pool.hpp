@@ -23,19 +23,14 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/core/rng.hpp"
 
 namespace hybridrl {
 
 /// The chained hash of a full block: its parent's hash and its tokens (SplitMix64 mixing).
 constexpr uint64_t block_hash(uint64_t parent, std::span<const int64_t> tokens) noexcept {
-  auto mix = [](uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
-  uint64_t h = mix(parent ^ 0x6A09E667F3BCC908ull);
-  for (auto t : tokens) h = mix(h ^ static_cast<uint64_t>(t));
+  uint64_t h = detail::SplitMix64(parent ^ 0x6A09E667F3BCC908ull).next();
+  for (auto t : tokens) h = detail::SplitMix64(h ^ static_cast<uint64_t>(t)).next();
   return h;
 }
 
