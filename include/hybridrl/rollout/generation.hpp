@@ -102,8 +102,10 @@ struct StopRule {
       any = any || row_banned[i];
     }
     if (!any) return {};
-    auto ids = at::tensor(stop_ids, at::kLong);
-    auto col = at::zeros({vocab}, at::kBool).index_fill_(0, ids.clamp_max(vocab - 1), true);
+    auto col = at::zeros({vocab}, at::kBool);
+    for (auto id : stop_ids) {
+      if (id < vocab) col[id] = true;  // an id outside the vocabulary can never be drawn anyway
+    }
     auto r = at::from_blob(row_banned.data(), {rows, 1}, at::kByte).to(at::kBool);
     return r.logical_and(col.view({1, vocab})).to(device);
   }
