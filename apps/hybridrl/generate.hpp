@@ -32,6 +32,7 @@
 #include <hybridrl/model/pretrained.hpp>
 #include <hybridrl/rollout/generation.hpp>
 #include <hybridrl/rollout/naive.hpp>
+#include <hybridrl/rollout/paged.hpp>
 #include <hybridrl/rollout/sampling.hpp>
 #if HYBRIDRL_WITH_SENTENCEPIECE
 #include <hybridrl/tokenizer/sentencepiece.hpp>
@@ -68,17 +69,42 @@ struct GenerateRolloutOptions {
   HYBRIDRL_ARG(SamplingOptions, sampling) = {};
   /// Sequences generated together (Rollout<Naive>).
   HYBRIDRL_ARG(int64_t, max_batch_size) = 64;
-  HYBRIDRL_FIELDS(name, n, sampling, max_batch_size)
+  /// Rollout<Paged>: tokens per KV block.
+  HYBRIDRL_ARG(int64_t, block_size) = 16;
+  /// Rollout<Paged>: tokens the KV pool holds; 0 = memory_fraction of free device memory on CUDA,
+  /// 16384 on the CPU.
+  HYBRIDRL_ARG(int64_t, kv_cache_tokens) = 0;
+  /// Rollout<Paged>: fraction of free device memory for the KV pool (CUDA, kv_cache_tokens 0).
+  HYBRIDRL_ARG(double, memory_fraction) = 0.5;
+  /// Rollout<Paged>: sequences decoded together at most.
+  HYBRIDRL_ARG(int64_t, max_num_seqs) = 256;
+  /// Rollout<Paged>: tokens per scheduler step at most.
+  HYBRIDRL_ARG(int64_t, max_num_batched_tokens) = 8192;
+  /// Rollout<Paged>: a prompt's n samples share its prefill and prompt blocks.
+  HYBRIDRL_ARG(bool, prefix_sharing) = true;
+  HYBRIDRL_FIELDS(name, n, sampling, max_batch_size, block_size, kv_cache_tokens, memory_fraction, max_num_seqs,
+                  max_num_batched_tokens, prefix_sharing)
+
+  /// The Rollout<Paged> options these keys describe.
+  [[nodiscard]] PagedOptions paged() const {
+    return PagedOptions{}
+        .sampling(sampling_)
+        .block_size(block_size_)
+        .kv_cache_tokens(kv_cache_tokens_)
+        .memory_fraction(memory_fraction_)
+        .max_num_seqs(max_num_seqs_)
+        .max_num_batched_tokens(max_num_batched_tokens_)
+        .prefix_sharing(prefix_sharing_);
+  }
 
   void validate() const {
     HYBRIDRL_CHECK(name_ == "naive" || name_ == "paged", fmt::format("name = \"{}\" is not a rollout", name_),
                    "use naive or paged");
-    HYBRIDRL_CHECK(name_ == "naive", "name = paged: this build of hybridrl has no Rollout<Paged> engine yet",
-                   "use rollout.name=naive");
     HYBRIDRL_CHECK(n_ >= 1, fmt::format("n = {} is below 1", n_), "ask for at least one sample per prompt");
     HYBRIDRL_CHECK(max_batch_size_ >= 1, fmt::format("max_batch_size = {} is below 1", max_batch_size_),
                    "use a positive batch size, e.g. 64");
     sampling_.validate();  // inline fields: rollout.temperature
+    paged().validate();    // the same field names: rollout.block_size, ...
   }
 };
 
@@ -148,6 +174,86 @@ inline std::vector<PromptLine> read_prompt_lines(const std::string& path) {
   return out;
 }
 
+/// Generates for `lines` with `engine`, `prompts_per_call` prompts (times n samples) per
+/// generate() call, writing one JSONL line per sample in input order; progress and final stats
+/// go to stderr.
+template <class Engine>
+int generate_lines(Engine& engine, const char* engine_name, int64_t prompts_per_call, const std::vector<PromptLine>& lines,
+                   const ModelConfig& config, const GenerateRolloutOptions& ro,
+                   const std::function<std::string(const std::vector<int64_t>&)>& decode, const std::string& output) {
+  const auto P = static_cast<int64_t>(lines.size()), n = ro.n();
+  io::AtomicFile out(output);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t done = 0, generated = 0, prompt_tokens = 0;
+  double kv_bytes = 0, prefill_s = 0, decode_s = 0, kv_peak = 0;
+  int64_t cached = 0, preemptions = 0;
+    for (int64_t first = 0; first < P; first += prompts_per_call) {
+    const auto last = std::min(P, first + prompts_per_call);
+    std::vector<std::vector<int64_t>> rows;
+    std::vector<int64_t> groups, seeds;
+    bool any_seed = false;
+    for (int64_t i = first; i < last; ++i) {
+      for (int64_t s = 0; s < n; ++s) {
+        rows.push_back(lines[static_cast<size_t>(i)].ids);
+        groups.push_back(i);
+        const auto& ls = lines[static_cast<size_t>(i)].seed;
+        any_seed = any_seed || ls.has_value();
+        seeds.push_back(ls ? *ls : static_cast<int64_t>(request_seed(ro.sampling().seed(), i)));
+      }
+    }
+    auto batch = left_padded_prompts(rows, config.pad_token_id.value_or(0));
+    batch.set(keys::group_ids, at::tensor(groups, at::kLong));
+    const auto B = static_cast<int64_t>(rows.size());
+    if (any_seed) batch.set(keys::sampling_seeds, at::tensor(seeds, at::kLong));
+    const TensorBatch res = engine.generate(batch);
+    const auto resp = res.tensor(keys::responses).contiguous(), rmask = res.tensor(keys::response_mask).contiguous();
+    const auto lps = res.tensor(keys::rollout_log_probs).contiguous(), reasons = res.tensor(keys::finish_reason).contiguous();
+    const auto R = resp.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      nlohmann::json j;
+      j["prompt_ids"] = rows[static_cast<size_t>(b)];
+      std::vector<int64_t> r;
+      std::vector<float> lp;
+      for (int64_t t = 0; t < R; ++t) {
+        if (rmask.data_ptr<int64_t>()[b * R + t] == 0) break;
+        r.push_back(resp.data_ptr<int64_t>()[b * R + t]);
+        lp.push_back(lps.data_ptr<float>()[b * R + t]);
+      }
+      j["response_ids"] = r;
+      j["log_probs"] = lp;
+      j["finish_reason"] = finish_reason_name(static_cast<FinishReason>(reasons.data_ptr<int64_t>()[b]));
+      if (decode) j["response"] = decode(r);
+      const auto text = j.dump() + "\n";
+      out.write(text.data(), text.size());
+    }
+    const auto st = engine.stats();
+    done += st.sequences;
+    generated += st.generated_tokens;
+    prompt_tokens += st.prompt_tokens;
+    kv_bytes = std::max(kv_bytes, static_cast<double>(st.kv_cache_bytes));
+    prefill_s += st.prefill_seconds;
+    decode_s += st.decode_seconds;
+    kv_peak = std::max(kv_peak, st.kv_peak_utilization);
+    cached += st.cached_prompt_tokens;
+    preemptions += st.preemptions;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double eta = done > 0 ? secs / static_cast<double>(done) * static_cast<double>(P * n - done) : 0.0;
+    std::fprintf(stderr, "generate: %lld/%lld sequences, %.1f tokens/s, ETA %.0f s\n", static_cast<long long>(done),
+                 static_cast<long long>(P * n), static_cast<double>(generated) / std::max(secs, 1e-9), eta);
+  }
+  out.commit();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr,
+               "generate: done, %lld sequences, %lld prompt + %lld generated tokens in %.2f s (%.1f generated "
+               "tokens/s; prefill %.2f s, decode %.2f s), KV cache %.1f MiB (peak use %.0f%%), %lld prompt tokens "
+               "from cache, %lld preemptions (%s); wrote %s\n",
+               static_cast<long long>(done), static_cast<long long>(prompt_tokens), static_cast<long long>(generated),
+               secs, static_cast<double>(generated) / std::max(secs, 1e-9), prefill_s, decode_s, kv_bytes / (1024.0 * 1024.0),
+               100.0 * kv_peak, static_cast<long long>(cached), static_cast<long long>(preemptions), engine_name,
+               output.c_str());
+  return 0;
+}
+
 /// Runs `hybridrl generate`; returns the process exit code (errors are thrown as hybridrl::Error).
 inline int run_generate(const std::string& input, const std::string& output, const std::vector<std::string>& overrides) {
   GenerateOptions o;
@@ -192,68 +298,15 @@ inline int run_generate(const std::string& input, const std::string& output, con
                    "shorten the prompt");
   }
   auto model = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(at::Device(mo.device())));
-  NaiveEngine engine(model, NaiveOptions{}.sampling(ro.sampling()).max_batch_size(ro.max_batch_size()));
-  io::AtomicFile out(output);
-  const auto start = std::chrono::steady_clock::now();
-  int64_t done = 0, generated = 0, prompt_tokens = 0;
-  double kv_bytes = 0;
-  const int64_t prompts_per_call = std::max<int64_t>(1, ro.max_batch_size() / n);
-  for (int64_t first = 0; first < P; first += prompts_per_call) {
-    const auto last = std::min(P, first + prompts_per_call);
-    std::vector<std::vector<int64_t>> rows;
-    std::vector<int64_t> groups, seeds;
-    bool any_seed = false;
-    for (int64_t i = first; i < last; ++i) {
-      for (int64_t s = 0; s < n; ++s) {
-        rows.push_back(lines[static_cast<size_t>(i)].ids);
-        groups.push_back(i);
-        const auto& ls = lines[static_cast<size_t>(i)].seed;
-        any_seed = any_seed || ls.has_value();
-        seeds.push_back(ls ? *ls : static_cast<int64_t>(request_seed(ro.sampling().seed(), i)));
-      }
-    }
-    auto batch = left_padded_prompts(rows, config.pad_token_id.value_or(0));
-    batch.set(keys::group_ids, at::tensor(groups, at::kLong));
-    const auto B = static_cast<int64_t>(rows.size());
-    if (any_seed) batch.set(keys::sampling_seeds, at::tensor(seeds, at::kLong));
-    auto res = engine.generate(batch);
-    const auto resp = res.tensor(keys::responses), rmask = res.tensor(keys::response_mask);
-    const auto lps = res.tensor(keys::rollout_log_probs), reasons = res.tensor(keys::finish_reason);
-    for (int64_t b = 0; b < B; ++b) {
-      nlohmann::json j;
-      j["prompt_ids"] = rows[static_cast<size_t>(b)];
-      std::vector<int64_t> r;
-      std::vector<float> lp;
-      for (int64_t t = 0; t < resp.size(1); ++t) {
-        if (rmask[b][t].item<int64_t>() == 0) break;
-        r.push_back(resp[b][t].item<int64_t>());
-        lp.push_back(lps[b][t].item<float>());
-      }
-      j["response_ids"] = r;
-      j["log_probs"] = lp;
-      j["finish_reason"] = finish_reason_name(static_cast<FinishReason>(reasons[b].item<int64_t>()));
-      if (decode) j["response"] = decode(r);
-      const auto text = j.dump() + "\n";
-      out.write(text.data(), text.size());
-    }
-    const auto st = engine.stats();
-    done += st.sequences;
-    generated += st.generated_tokens;
-    prompt_tokens += st.prompt_tokens;
-    kv_bytes = std::max(kv_bytes, static_cast<double>(st.kv_cache_bytes));
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double eta = done > 0 ? secs / static_cast<double>(done) * static_cast<double>(P * n - done) : 0.0;
-    std::fprintf(stderr, "generate: %lld/%lld sequences, %.1f tokens/s, ETA %.0f s\n", static_cast<long long>(done),
-                 static_cast<long long>(P * n), static_cast<double>(generated) / std::max(secs, 1e-9), eta);
+  if (ro.name() == "paged") {
+    PagedEngine engine(model, ro.paged());
+    // calls of a few batches' worth of sequences: the scheduler refills slots within a call
+    return generate_lines(engine, "Rollout<Paged>", std::max<int64_t>(1, 4 * ro.max_num_seqs() / n), lines, config,
+                          ro, decode, output);
   }
-  out.commit();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr,
-               "generate: done, %lld sequences, %lld prompt + %lld generated tokens in %.2f s (%.1f generated "
-               "tokens/s), KV cache %.1f MiB, 0 preemptions (Rollout<Naive>); wrote %s\n",
-               static_cast<long long>(done), static_cast<long long>(prompt_tokens), static_cast<long long>(generated),
-               secs, static_cast<double>(generated) / std::max(secs, 1e-9), kv_bytes / (1024.0 * 1024.0), output.c_str());
-  return 0;
+  NaiveEngine engine(model, NaiveOptions{}.sampling(ro.sampling()).max_batch_size(ro.max_batch_size()));
+  return generate_lines(engine, "Rollout<Naive>", std::max<int64_t>(1, ro.max_batch_size() / n), lines, config, ro,
+                        decode, output);
 }
 
 }  // namespace hybridrl::app

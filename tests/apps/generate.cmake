@@ -1,6 +1,8 @@
 # End-to-end checks of `hybridrl generate` (run by ctest with -P). Variables:
 #   EXE       the hybridrl program         FIXTURES  tests/fixtures/models
 #   WORK      a scratch directory          MODE      greedy | bad_line | sampled
+#   ROLLOUT   naive (default) | paged: the engine of the greedy check (paged: blocks of 4 in a
+#             pool of 16, so the 8 sequences preempt each other)
 # greedy: the llama fixture's greedy responses equal transformers' (hf_greedy.json), n = 2
 # samples per prompt, in input order. bad_line: a malformed second line is refused (exit 1,
 # the message names line 2) and no output file is left behind. sampled: rollout.seed gives the
@@ -23,12 +25,23 @@ function(run_generate out_var rc_var err_var)
   set(${err_var} "${err}" PARENT_SCOPE)
 endfunction()
 
+if(NOT ROLLOUT)
+  set(ROLLOUT naive)
+endif()
+set(engine_args rollout.name=${ROLLOUT})
+if(ROLLOUT STREQUAL "paged")
+  list(APPEND engine_args rollout.block_size=4 rollout.kv_cache_tokens=64)
+endif()
+
 if(MODE STREQUAL "greedy")
   file(WRITE ${WORK}/in.jsonl "${lines}")
   run_generate(out rc err --input ${WORK}/in.jsonl --output ${WORK}/out.jsonl model.path=${FIXTURES}/llama
-    rollout.temperature=0 rollout.max_new_tokens=12 rollout.ignore_eos=true rollout.n=2)
+    rollout.temperature=0 rollout.max_new_tokens=12 rollout.ignore_eos=true rollout.n=2 ${engine_args})
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "hybridrl generate failed (${rc}): ${err}")
+  endif()
+  if(ROLLOUT STREQUAL "paged" AND NOT err MATCHES "prefill [0-9.]+ s, decode [0-9.]+ s\\), KV cache [0-9.]+ MiB \\(peak use [0-9]+%\\), [0-9]+ prompt tokens from cache, [1-9][0-9]* preemptions \\(Rollout<Paged>\\)")
+    message(FATAL_ERROR "the paged run's stats show no preemption, or are missing: ${err}")
   endif()
   if(NOT err MATCHES "generate: [0-9]+/8 sequences, [0-9.]+ tokens/s, ETA" OR NOT err MATCHES "generate: done, 8 sequences")
     message(FATAL_ERROR "no progress line or final stats: ${err}")

@@ -14,6 +14,7 @@
 #include "hybridrl/model/log_probs.hpp"
 #include "hybridrl/model/pretrained.hpp"
 #include "hybridrl/rollout/naive.hpp"
+#include "../support/rollout.hpp"
 #include "../support/tensors.hpp"
 #include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
 
@@ -21,37 +22,6 @@ using namespace hybridrl;
 using hybridrl::testing::contains;
 using hybridrl::testing::error_of;
 
-namespace hybridrl::testing {
-inline const std::string kRolloutModels = std::string(HYBRIDRL_FIXTURES_DIR) + "/models";
-
-// Left-padded prompts of the given token lists.
-inline TensorBatch prompt_batch(const std::vector<std::vector<int64_t>>& rows) { return left_padded_prompts(rows); }
-
-// Greedy continuation by full recompute: each step runs the whole sequence through forward() and
-// takes the argmax of the last position (no cache, no padding).
-inline std::vector<int64_t> greedy_by_recompute(CausalLM m, std::vector<int64_t> seq, int64_t n, int64_t eos = -1) {
-  c10::NoGradGuard g;
-  std::vector<int64_t> out;
-  for (int64_t t = 0; t < n; ++t) {
-    auto logits = m->forward(at::tensor(seq, at::kLong).view({1, -1}));
-    const auto next = logits[0][-1].argmax().item<int64_t>();
-    out.push_back(next);
-    seq.push_back(next);
-    if (next == eos) break;
-  }
-  return out;
-}
-
-inline std::vector<int64_t> row_tokens(const TensorBatch& out, int64_t row) {
-  auto r = out.tensor(keys::responses)[row];
-  auto m = out.tensor(keys::response_mask)[row];
-  std::vector<int64_t> v;
-  for (int64_t t = 0; t < r.size(0); ++t) {
-    if (m[t].item<int64_t>() == 1) v.push_back(r[t].item<int64_t>());
-  }
-  return v;
-}
-}  // namespace hybridrl::testing
 
 using hybridrl::testing::greedy_by_recompute;
 using hybridrl::testing::kRolloutModels;

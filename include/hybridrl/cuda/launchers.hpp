@@ -6,6 +6,7 @@
 /// These declarations need no CUDA header: pointers are untyped and the stream is a cudaStream_t
 /// passed as void*. Use the LibTorch-facing functions (cuda/paged_kv.hpp) instead of these.
 
+#include <cstddef>
 #include <cstdint>
 
 namespace hybridrl::cuda {
@@ -20,5 +21,28 @@ int launch_write_kv_to_cache(const void* key, const void* value, void* key_cache
                              void* value_cache, const int64_t* slot_mapping, int64_t num_tokens,
                              int64_t row_elems, int64_t num_slots, KernelDtype dtype,
                              void* stream);
+
+/// Splits of the sequence axis the paged decode kernel uses for `num_seqs` sequences of
+/// `kv_heads` KV heads with block tables `max_blocks` wide: enough CTAs to fill the device when the
+/// batch is small, 1 when it is large. A function of the shapes alone (never of the context
+/// lengths), so a captured launch stays valid while the contexts grow.
+int64_t paged_decode_splits(int64_t num_seqs, int64_t kv_heads, int64_t max_blocks, int64_t block_size);
+
+/// Paged decode attention, one query token per sequence: q [S, H, D] (contiguous), caches
+/// [num_blocks, block_size, Hkv, D] (contiguous), block_tables int32 [S, max_blocks],
+/// context_lens int32 [S] → out [S, H, D]. All query heads of one KV head are done by one CTA
+/// (grid S × Hkv × splits); `sliding_window` 0 = none. `workspace` holds
+/// S·H·splits·(D+2) floats when splits > 1. Returns the cudaError_t of the launch as int
+/// (0 = success), or −1 for a head_dim / group size the kernel does not cover (the caller falls
+/// back to the reference path).
+int launch_paged_decode_attention(const void* q, const void* key_cache, const void* value_cache,
+                                  const int32_t* block_tables, const int32_t* context_lens, void* out,
+                                  int64_t num_seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                  int64_t block_size, int64_t max_blocks, int64_t splits,
+                                  int64_t sliding_window, float scale, KernelDtype dtype, float* workspace,
+                                  void* stream);
+
+/// Free and total memory of the current CUDA device (cudaMemGetInfo); returns its cudaError_t as int.
+int device_memory(std::size_t* free_bytes, std::size_t* total_bytes);
 
 }  // namespace hybridrl::cuda

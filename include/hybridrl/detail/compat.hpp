@@ -26,6 +26,12 @@
 #else
 #define HYBRIDRL_HAS_SDPA 0
 #endif
+// scaled_dot_product_attention(..., enable_gqa) reads K/V with fewer heads than Q (2.5 and later)
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 5)
+#define HYBRIDRL_HAS_SDPA_GQA 1
+#else
+#define HYBRIDRL_HAS_SDPA_GQA 0
+#endif
 
 #if defined(HYBRIDRL_WITH_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -27,6 +27,11 @@ struct RolloutStats {
   int64_t preemptions = 0;       ///< sequences preempted and recomputed (Paged)
   int64_t kv_cache_bytes = 0;    ///< KV memory held during the call
   double seconds = 0.0;          ///< wall time of the call
+  double prefill_seconds = 0.0;  ///< time in steps that computed prompt tokens (Paged; Naive: the prompt forward)
+  double decode_seconds = 0.0;   ///< time in steps of drawn tokens only
+  int64_t cached_prompt_tokens = 0;  ///< prompt tokens taken from the prefix cache or a fork, not computed (Paged)
+  double kv_peak_utilization = 0.0;  ///< most KV blocks held at once / blocks in the pool (Paged)
+  int64_t steps = 0;             ///< forwards run
 };
 
 /// The keys every generate() writes (core/keys.hpp): prompts, responses, response_mask,

@@ -174,9 +174,18 @@ class NaiveEngine {
         stats_.kv_cache_bytes, 2 * c.num_hidden_layers * b * c.num_key_value_heads * (P + steps) * c.head_dim *
                                    static_cast<int64_t>(c10::elementSize(dtype)));
     mask = mask.to(dev);
+    using clock = std::chrono::steady_clock;
+    auto t0 = clock::now();
+    bool in_prefill = true;
     auto logits = forward_decode(model_, ids.to(dev), cache, ForwardArgs{}.attention_mask(mask)).select(1, P - 1);
+    ++stats_.steps;
     std::vector<int64_t> generated(static_cast<size_t>(b), 0);
     for (int64_t t = 0; t < steps; ++t) {
+      if (t == 1) {  // the prompt forward and the first draw: prefill; the rest: decode
+        stats_.prefill_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+        t0 = clock::now();
+        in_prefill = false;
+      }
       rows.positions = at::full({b}, t, at::TensorOptions().dtype(at::kLong).device(dev));
       rows.banned = rule.banned(generated, c.vocab_size, dev);
       auto drawn = sample_tokens(logits, s, rows);
@@ -195,7 +204,10 @@ class NaiveEngine {
       if (all_done) break;
       mask = at::cat({mask, at::ones({b, 1}, mask.options())}, 1);
       logits = forward_decode(model_, drawn.tokens.view({b, 1}), cache, ForwardArgs{}.attention_mask(mask)).select(1, 0);
+      ++stats_.steps;
     }
+    (in_prefill ? stats_.prefill_seconds : stats_.decode_seconds) +=
+        std::chrono::duration<double>(clock::now() - t0).count();
   }
 
   CausalLM model_;

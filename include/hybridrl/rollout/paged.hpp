@@ -1,18 +1,41 @@
 #pragma once
 /// \file
-/// `Rollout<Paged>`: paged KV cache (fixed-size blocks, per-sequence block tables), a scheduler
-/// that admits sequences while blocks are free and preempts when they run out, continuous
-/// batching, and prefix sharing so the n samples of one prompt share its prompt blocks.
-/// Accepts tensor-parallel weights, so it pairs with Sharding<TP3D>.
+/// `Rollout<Paged>`: a paged KV cache (fixed-size blocks in one pool preallocated from a memory
+/// budget, per-sequence block tables), the scheduler of rollout/paged/scheduler.hpp (a token
+/// budget per step, continuous batching, preemption by recompute, a prompt prefilled once for its
+/// n samples, a prefix cache reset when the weights change), and attention through
+/// hybridrl::paged_attention (the CUDA decode kernel where it is linked, else the reference).
+/// Tensor-parallel generation (accepts_tensor_parallel_weights) comes with the sharding issue; the
+/// engine refuses a sharded model until then.
 
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/cuda/launchers.hpp"
+#include "hybridrl/cuda/paged_attention.hpp"
+#include "hybridrl/cuda/paged_kv.hpp"
+#include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/rollout/concepts.hpp"
+#include "hybridrl/rollout/generation.hpp"
+#include "hybridrl/rollout/paged/block_pool.hpp"
+#include "hybridrl/rollout/paged/scheduler.hpp"
+#include "hybridrl/rollout/sampler.hpp"
 #include "hybridrl/rollout/sampling.hpp"
+#include "hybridrl/sharding/weight_spec.hpp"
+#include "hybridrl/sharding/weights.hpp"
 
 namespace hybridrl {
 
@@ -21,8 +44,12 @@ struct PagedOptions {
   HYBRIDRL_ARG(SamplingOptions, sampling) = {};
   /// Tokens per KV block.
   HYBRIDRL_ARG(int64_t, block_size) = 16;
-  /// Fraction of free device memory the KV cache may take after weights are loaded.
+  /// Fraction of free device memory the KV cache may take after weights are loaded (CUDA, when
+  /// kv_cache_tokens is 0).
   HYBRIDRL_ARG(double, memory_fraction) = 0.5;
+  /// Tokens the KV pool holds (rounded up to whole blocks); 0 = memory_fraction of the free device
+  /// memory on CUDA, 16384 tokens on the CPU.
+  HYBRIDRL_ARG(int64_t, kv_cache_tokens) = 0;
   /// Sequences decoded together at most.
   HYBRIDRL_ARG(int64_t, max_num_seqs) = 256;
   /// Tokens (prefill + decode) processed in one scheduler step at most.
@@ -35,7 +62,7 @@ struct PagedOptions {
   /// Capture the decode step in CUDA graphs (CUDA only).
   HYBRIDRL_ARG(bool, cuda_graphs) = true;
 
-  HYBRIDRL_FIELDS(sampling, block_size, memory_fraction, max_num_seqs, max_num_batched_tokens,
+  HYBRIDRL_FIELDS(sampling, block_size, memory_fraction, kv_cache_tokens, max_num_seqs, max_num_batched_tokens,
                   prefix_sharing, tensor_parallel_size, cuda_graphs)
 
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
@@ -47,6 +74,8 @@ struct PagedOptions {
     HYBRIDRL_CHECK(memory_fraction_ > 0.0 && memory_fraction_ < 1.0,
                    fmt::format("memory_fraction = {} is outside (0, 1)", memory_fraction_),
                    "use a fraction such as 0.5; training state needs the rest");
+    HYBRIDRL_CHECK(kv_cache_tokens_ >= 0, fmt::format("kv_cache_tokens = {} is negative", kv_cache_tokens_),
+                   "use 0 (from memory_fraction on CUDA) or a token count such as 65536");
     HYBRIDRL_CHECK(max_num_seqs_ >= 1, fmt::format("max_num_seqs = {} is below 1", max_num_seqs_),
                    "allow at least one sequence per step, e.g. 256");
     HYBRIDRL_CHECK(max_num_batched_tokens_ >= 1,
@@ -58,16 +87,301 @@ struct PagedOptions {
   }
 };
 
-/// Paged KV cache with continuous batching. The descriptor of Rollout<Paged>; its engine comes with
-/// the rollout issue.
+/// The engine of Rollout<Paged>: generates with a paged KV pool [layers, 2, blocks, block_size,
+/// kv_heads, head_dim] sized once at construction, from a full (tp_size 1) model.
+class PagedEngine {
+ public:
+  /// Generates with `model` (its device and dtype) under `options`; allocates the KV pool.
+  PagedEngine(CausalLM model, PagedOptions options) : model_(std::move(model)), options_(std::move(options)) {
+    options_.validate();
+    HYBRIDRL_CHECK(!model_->parallel().sharded(), "Rollout<Paged>: the model is a tensor-parallel shard",
+                   "give Rollout<Paged> a full model (tensor-parallel generation comes with the sharding issue)");
+    model_->eval();
+    const auto& c = model_->config();
+    const auto p = model_->parameters().front();
+    device_ = p.device();
+    dtype_ = p.scalar_type();
+    block_bytes_ = 2 * c.num_hidden_layers * options_.block_size() * c.num_key_value_heads * c.head_dim *
+                   static_cast<int64_t>(c10::elementSize(dtype_));
+    num_blocks_ = pool_blocks();
+    pool_ = BlockPool(num_blocks_, options_.block_size());
+    allocate();
+  }
+
+  /// An engine with a randomly initialised model for `c` on `device` in `dtype`; load its weights
+  /// with load_weights (the trainer's export) before generating.
+  static PagedEngine make(const ModelConfig& c, const PagedOptions& options, at::Device device = at::kCPU,
+                          at::ScalarType dtype = at::kFloat) {
+    CausalLM m(c);
+    m->to(device, dtype);
+    for (auto& p : m->parameters()) p.requires_grad_(false);
+    return PagedEngine(std::move(m), options);
+  }
+
+  /// Generates responses for `prompts` with the engine's sampling options.
+  TensorBatch generate(const TensorBatch& prompts) { return generate(prompts, options_.sampling()); }
+
+  /// Generates responses for `prompts` (input_ids [B, P], attention_mask, optional group_ids and
+  /// sampling_seeds) under `s`; returns rollout_output_keys plus the prompts batch's other data.
+  /// Rows of one group with the same prompt share its prefill when prefix_sharing is on.
+  TensorBatch generate(const TensorBatch& prompts, const SamplingOptions& s) {
+    HYBRIDRL_CHECK(!released_, "Rollout<Paged>.generate: the engine's KV memory is released",
+                   "call resume_memory() after the weight update, before generating");
+    detail::validate_member(s, "rollout");
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto& c = model_->config();
+    auto requests = read_requests(prompts, s, c, "Rollout<Paged>");
+    const auto rule = StopRule::make(s, c);
+    check_fits(requests, rule);
+    stats_ = {};
+    stats_.kv_cache_bytes = num_blocks_ * block_bytes_;
+    c10::NoGradGuard no_grad;
+    PagedScheduler sched(pool_, {options_.max_num_seqs(), options_.max_num_batched_tokens(), options_.prefix_sharing()});
+    std::map<int64_t, std::pair<int64_t, int64_t>> leaders;  // group -> (leader id, group size)
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const auto& r = requests[i];
+      auto it = leaders.find(r.group);
+      if (options_.prefix_sharing() && it != leaders.end() && it->second.second < options_.max_num_seqs() &&
+          requests[static_cast<size_t>(it->second.first)].prompt == r.prompt) {
+        sched.add_follower(it->second.first);
+        ++it->second.second;
+      } else {
+        sched.add(r.prompt);
+        leaders[r.group] = {static_cast<int64_t>(i), 1};
+      }
+    }
+    std::vector<GeneratedSequence> seqs(requests.size());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    auto decoder = model_->model;
+    while (!sched.done()) {
+      const auto t0 = clock::now();
+      auto step = sched.schedule();
+      HYBRIDRL_CHECK(!step.empty(), "Rollout<Paged>: the scheduler made no progress with sequences left",
+                     "this is a bug: please report it with the options and prompt lengths");
+      held_peak_ = std::max(held_peak_, num_blocks_ - pool_.num_free());
+      copy_blocks(step.copies);
+      // the step's packed tokens, their positions and slots; each sequence's place in the pool
+      std::vector<int64_t> ids, pos;
+      std::vector<std::vector<int32_t>> tables;
+      std::vector<int64_t> qlens, ctx;
+      bool prefill = false;
+      for (const auto& ch : step.chunks) {
+        const auto& q = sched.sequence(ch.seq);
+        for (int64_t t = ch.start; t < ch.start + ch.count; ++t) {
+          ids.push_back(q.tokens[static_cast<size_t>(t)]);
+          pos.push_back(t);
+        }
+        prefill = prefill || ch.start < q.prompt_len;
+        tables.push_back(q.table.blocks());
+        qlens.push_back(ch.count);
+        ctx.push_back(ch.start + ch.count);
+      }
+      const auto meta = PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_);
+      auto fn = [this, &meta, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        auto kc = kv_[layer][0];
+        auto vc = kv_[layer][1];
+        write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, meta.slot_mapping);
+        return paged_attention(q[0].transpose(0, 1), kc, vc, meta, scale).transpose(0, 1).unsqueeze(0);
+      };
+      const auto T = static_cast<int64_t>(ids.size());
+      auto hidden = decoder->forward_with_attention(at::tensor(ids, at::kLong).view({1, T}).to(device_),
+                                                    at::tensor(pos, at::kLong).view({1, T}).to(device_), fn);
+      sched.computed(step);
+      // draw for every sequence whose tokens are all in the cache (a leader's followers from its row)
+      std::vector<int64_t> rows, who;
+      int64_t end = 0;
+      for (const auto& ch : step.chunks) {
+        end += ch.count;
+        if (!sched.sequence(ch.seq).ready()) continue;
+        rows.push_back(end - 1);
+        who.push_back(ch.seq);
+        for (auto f : sched.fork_followers(ch.seq)) {
+          rows.push_back(end - 1);
+          who.push_back(f);
+        }
+      }
+      if (!rows.empty()) draw(sched, hidden[0], rows, who, requests, seqs, s, rule);
+      const auto dt = std::chrono::duration<double>(clock::now() - t0).count();
+      (prefill ? stats_.prefill_seconds : stats_.decode_seconds) += dt;
+      ++stats_.steps;
+    }
+    stats_.sequences = static_cast<int64_t>(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      stats_.prompt_tokens += static_cast<int64_t>(requests[i].prompt.size());
+      stats_.generated_tokens += static_cast<int64_t>(seqs[i].tokens.size());
+    }
+    stats_.preemptions = sched.preemptions();
+    stats_.cached_prompt_tokens = sched.cached_tokens();
+    stats_.kv_peak_utilization = static_cast<double>(held_peak_) / static_cast<double>(num_blocks_);
+    held_peak_ = 0;
+    stats_.seconds = std::chrono::duration<double>(clock::now() - start).count();
+    return rollout_batch(prompts, requests, seqs, c.pad_token_id.value_or(0));
+  }
+
+  /// Full weights in the model's dtype.
+  [[nodiscard]] WeightSpec weight_spec() const {
+    WeightSpec w;
+    w.dtype = dtype_;
+    return w;
+  }
+
+  /// Copies a bucket of named tensors (Hugging Face names, full shapes) into the model's
+  /// parameters in place (the KV pool stays), and forgets the prefix cache: its keys and values
+  /// came from the old weights.
+  void load_weights(const WeightBucket& bucket) {
+    auto params = model_->named_parameters();
+    c10::NoGradGuard no_grad;
+    for (const auto& t : bucket) {
+      auto* p = params.find(t.name);
+      HYBRIDRL_CHECK(p != nullptr, fmt::format("Rollout<Paged>.load_weights: the model has no parameter '{}'", t.name),
+                     "export weights from a model of the same config (Hugging Face names)");
+      HYBRIDRL_CHECK(p->sizes() == t.tensor.sizes(),
+                     fmt::format("Rollout<Paged>.load_weights: '{}' has shape [{}], the engine's [{}]", t.name,
+                                 fmt::join(t.tensor.sizes(), ", "), fmt::join(p->sizes(), ", ")),
+                     "export full weights (WeightSpec tp_size 1) of a model of the same config");
+      p->copy_(t.tensor);
+    }
+    pool_.reset_prefix_cache();
+  }
+
+  /// Frees the KV pool (for the update phase); generate() refuses to run until resume_memory().
+  void release_memory() {
+    kv_ = at::Tensor();
+    pool_ = BlockPool(num_blocks_, options_.block_size());  // nothing cached survives the release
+    released_ = true;
+  }
+  /// Allocates the KV pool again, the same size.
+  void resume_memory() {
+    if (released_) allocate();
+    released_ = false;
+  }
+
+  /// Counters of the last generate() call.
+  [[nodiscard]] RolloutStats stats() const { return stats_; }
+  /// The model the engine generates with.
+  [[nodiscard]] const CausalLM& model() const noexcept { return model_; }
+  /// The engine's options.
+  [[nodiscard]] const PagedOptions& options() const noexcept { return options_; }
+  /// Blocks in the KV pool.
+  [[nodiscard]] int64_t num_blocks() const noexcept { return num_blocks_; }
+  /// The block accounting (free blocks, the prefix cache).
+  [[nodiscard]] const BlockPool& block_pool() const noexcept { return pool_; }
+
+ private:
+  int64_t pool_blocks() const {
+    const auto bs = options_.block_size();
+    if (options_.kv_cache_tokens() > 0) return (options_.kv_cache_tokens() + bs - 1) / bs;
+    if (!device_.is_cuda()) return (16384 + bs - 1) / bs;
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+    std::size_t free_bytes = 0, total = 0;
+    const int rc = cuda::device_memory(&free_bytes, &total);
+    HYBRIDRL_CHECK(rc == 0, fmt::format("Rollout<Paged>: cudaMemGetInfo failed (cudaError {})", rc),
+                   "check the device, or size the pool with rollout.kv_cache_tokens");
+    const auto blocks = static_cast<int64_t>(options_.memory_fraction() * static_cast<double>(free_bytes)) / block_bytes_;
+    HYBRIDRL_CHECK(blocks >= 1,
+                   fmt::format("Rollout<Paged>: {} of the {} MiB free on the device holds no KV block of {} KiB",
+                               options_.memory_fraction(), free_bytes >> 20, block_bytes_ >> 10),
+                   "free device memory, raise rollout.memory_fraction, or set rollout.kv_cache_tokens");
+    return blocks;
+#else
+    throw Error("Rollout<Paged>: the KV pool on CUDA is sized from free device memory, which needs hybridrl::cuda",
+                "link hybridrl::cuda (hybridrl_add_cuda_kernels()) or set rollout.kv_cache_tokens");
+#endif
+  }
+
+  void allocate() {
+    const auto& c = model_->config();
+    kv_ = at::zeros({c.num_hidden_layers, 2, num_blocks_, options_.block_size(), c.num_key_value_heads, c.head_dim},
+                    at::TensorOptions().dtype(dtype_).device(device_));
+  }
+
+  // every request must fit the pool alone (prompt + response, a copy-on-write block for forks)
+  void check_fits(const std::vector<GenerationRequest>& req, const StopRule& rule) const {
+    const auto bs = options_.block_size();
+    for (size_t i = 0; i < req.size(); ++i) {
+      const auto L = static_cast<int64_t>(req[i].prompt.size());
+      const auto tokens = L + rule.budget(L) - 1;  // the last drawn token is never computed
+      const auto need = (tokens + bs - 1) / bs + 1;
+      HYBRIDRL_CHECK(need <= num_blocks_,
+                     fmt::format("Rollout<Paged>.generate: prompt {} ({} tokens, up to {} new) needs {} KV blocks of {} "
+                                 "tokens; the pool has {}",
+                                 i, L, rule.budget(L), need, bs, num_blocks_),
+                     "raise rollout.kv_cache_tokens (or rollout.memory_fraction on CUDA), or lower "
+                     "rollout.max_new_tokens / the prompt length");
+    }
+  }
+
+  void copy_blocks(const std::vector<BlockCopy>& copies) {
+    if (copies.empty()) return;
+    std::vector<int64_t> src, dst;
+    for (const auto& cp : copies) {
+      src.push_back(cp.src);
+      dst.push_back(cp.dst);
+    }
+    auto s = at::tensor(src, at::kLong).to(device_), d = at::tensor(dst, at::kLong).to(device_);
+    kv_.index_copy_(2, d, kv_.index_select(2, s));  // all sources read before any destination is written
+  }
+
+  void draw(PagedScheduler& sched, const at::Tensor& hidden, const std::vector<int64_t>& rows,
+            const std::vector<int64_t>& who, const std::vector<GenerationRequest>& req, std::vector<GeneratedSequence>& seqs,
+            const SamplingOptions& s, const StopRule& rule) {
+    const auto& c = model_->config();
+    auto logits = model_->logits(hidden.index_select(0, at::tensor(rows, at::kLong).to(device_)));
+    std::vector<int64_t> seed_v, sample_v, pos_v;
+    for (auto id : who) {
+      const auto& r = req[static_cast<size_t>(id)];
+      seed_v.push_back(static_cast<int64_t>(r.seed));
+      sample_v.push_back(r.sample);
+      pos_v.push_back(static_cast<int64_t>(seqs[static_cast<size_t>(id)].tokens.size()));
+    }
+    SamplingRows sr;
+    sr.seeds = at::tensor(seed_v, at::kLong).to(device_);
+    sr.samples = at::tensor(sample_v, at::kLong).to(device_);
+    sr.positions = at::tensor(pos_v, at::kLong).to(device_);
+    sr.banned = rule.banned(pos_v, c.vocab_size, device_);
+    auto drawn = sample_tokens(logits, s, sr);
+    auto tok = drawn.tokens.to(at::kCPU).contiguous();
+    auto lp = drawn.log_probs.to(at::kCPU).contiguous();
+    for (size_t j = 0; j < who.size(); ++j) {
+      const auto id = who[j];
+      auto& seq = seqs[static_cast<size_t>(id)];
+      const auto t = tok.data_ptr<int64_t>()[j];
+      rule.append(seq, static_cast<int64_t>(req[static_cast<size_t>(id)].prompt.size()), t, lp.data_ptr<float>()[j]);
+      if (seq.done) sched.finish(id);
+      else sched.append(id, t);
+    }
+  }
+
+  CausalLM model_;
+  PagedOptions options_;
+  at::Device device_ = at::kCPU;
+  at::ScalarType dtype_ = at::kFloat;
+  int64_t block_bytes_ = 0, num_blocks_ = 0, held_peak_ = 0;
+  BlockPool pool_{1, 1};
+  at::Tensor kv_;
+  RolloutStats stats_;
+  bool released_ = false;
+};
+
+/// Paged KV cache with continuous batching. The descriptor of Rollout<Paged>; `make(config,
+/// options, device, dtype)` builds its engine.
 template <>
 struct Rollout<Paged> {
   using tag = Paged;
   using options_type = PagedOptions;
   static constexpr std::string_view name = "Paged";
+  using engine_type = PagedEngine;
   static constexpr bool accepts_tensor_parallel_weights = true;
+
+  /// The engine for a model of config `c` on `device` in `dtype`.
+  static engine_type make(const ModelConfig& c, const PagedOptions& options, at::Device device = at::kCPU,
+                          at::ScalarType dtype = at::kFloat) {
+    return PagedEngine::make(c, options, device, dtype);
+  }
 };
 static_assert(rollout_policy<Rollout<Paged>>,
               "hybridrl: Rollout<Paged> must model rollout_policy (rollout/concepts.hpp)");
+static_assert(rollout_engine<PagedEngine>, "hybridrl: PagedEngine must model rollout_engine (rollout/concepts.hpp)");
 
 }  // namespace hybridrl

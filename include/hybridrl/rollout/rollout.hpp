@@ -7,6 +7,7 @@
 #include "hybridrl/rollout/naive.hpp"
 #include "hybridrl/rollout/paged.hpp"
 #include "hybridrl/rollout/paged/block_pool.hpp"
+#include "hybridrl/rollout/paged/scheduler.hpp"
 #include "hybridrl/rollout/philox.hpp"
 #include "hybridrl/rollout/sampler.hpp"
 #include "hybridrl/rollout/sampling.hpp"

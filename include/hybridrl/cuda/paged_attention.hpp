@@ -1,0 +1,187 @@
+#pragma once
+/// \file
+/// Attention over a paged KV cache (the cache of Rollout<Paged>) for one scheduler step: a packed
+/// batch of query chunks, chunk s holding the queries of sequence s at positions
+/// [context_len[s] - query_len[s], context_len[s]), each attending causally over that sequence's
+/// first context_len[s] cached tokens (its own keys included: write them first, write_kv_to_cache).
+///
+/// Two paths give the same result. The reference, on any device, gathers each sequence's keys and
+/// values from its blocks into a padded dense tensor and runs scaled-dot-product attention under a
+/// mask: simple, and the oracle of the kernel test. On CUDA, in a target linked with hybridrl::cuda,
+/// a step whose chunks are all one token (decode) goes to hybridrl's paged decode kernel
+/// (src/cuda/paged_attention.cu), which reads K/V straight from the blocks.
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/cuda/launchers.hpp"
+#include "hybridrl/model/attention.hpp"
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace hybridrl {
+
+/// Where each sequence of a step lives in the paged cache, built once per step on the host and
+/// shared by every layer.
+struct PagedAttentionMetadata {
+  at::Tensor block_tables;   ///< int32 [S, max_blocks]: block ids per sequence (padding 0)
+  at::Tensor context_lens;   ///< int32 [S]: cached tokens per sequence after this step's writes
+  at::Tensor slot_mapping;   ///< int64 [T]: cache slot of each packed token (block * block_size + offset)
+  int64_t num_tokens = 0;    ///< T, packed query tokens
+  int64_t max_query_len = 0;
+  int64_t max_context_len = 0;
+  int64_t block_size = 16;
+  std::optional<int64_t> sliding_window;  ///< a key is visible to a query less than this many positions back
+  bool decode_only = false;  ///< every chunk is one token
+
+  // the reference path's gather, precomputed: padded query rows and key slots, and the mask
+  at::Tensor query_rows;  ///< int64 [S * max_query_len]: packed token of each padded query row (padding 0)
+  at::Tensor token_rows;  ///< int64 [T]: padded row of each packed token
+  at::Tensor key_slots;   ///< int64 [S * max_context_len]: cache slot of each padded key (padding 0)
+  at::Tensor mask;        ///< bool [S, 1, max_query_len, max_context_len]: may attend
+
+  /// Metadata of a step: sequence s has block table `tables[s]`, `query_lens[s]` new tokens and
+  /// `context_lens[s]` tokens in the cache counting them, in a cache of `block_size`-token blocks.
+  static PagedAttentionMetadata make(const std::vector<std::vector<int32_t>>& tables,
+                                     const std::vector<int64_t>& query_lens, const std::vector<int64_t>& context_lens,
+                                     int64_t block_size, std::optional<int64_t> sliding_window, at::Device device) {
+    const auto S = static_cast<int64_t>(tables.size());
+    HYBRIDRL_CHECK(S >= 1 && query_lens.size() == tables.size() && context_lens.size() == tables.size(),
+                   fmt::format("PagedAttentionMetadata: {} block tables, {} query lengths, {} context lengths", S,
+                               query_lens.size(), context_lens.size()),
+                   "give one block table, query length and context length per sequence");
+    PagedAttentionMetadata m;
+    m.block_size = block_size;
+    m.sliding_window = sliding_window;
+    size_t max_blocks = 1;
+    for (int64_t s = 0; s < S; ++s) {
+      const auto q = query_lens[static_cast<size_t>(s)], k = context_lens[static_cast<size_t>(s)];
+      HYBRIDRL_CHECK(q >= 1 && k >= q && k <= static_cast<int64_t>(tables[static_cast<size_t>(s)].size()) * block_size,
+                     fmt::format("PagedAttentionMetadata: sequence {} has {} queries, {} context tokens and {} blocks",
+                                 s, q, k, tables[static_cast<size_t>(s)].size()),
+                     "each sequence needs >= 1 query, a context holding its queries, and blocks for the context");
+      m.num_tokens += q;
+      m.max_query_len = std::max(m.max_query_len, q);
+      m.max_context_len = std::max(m.max_context_len, k);
+      max_blocks = std::max(max_blocks, tables[static_cast<size_t>(s)].size());
+    }
+    m.decode_only = m.max_query_len == 1;
+    const auto Q = m.max_query_len, K = m.max_context_len, T = m.num_tokens;
+    std::vector<int32_t> bt(static_cast<size_t>(S) * max_blocks, 0), cl(static_cast<size_t>(S));
+    std::vector<int64_t> slots(static_cast<size_t>(T)), qrows(static_cast<size_t>(S * Q), 0),
+        trows(static_cast<size_t>(T)), kslots(static_cast<size_t>(S * K), 0);
+    std::vector<uint8_t> may(static_cast<size_t>(S * Q * K), 0);
+    int64_t t = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      const auto& tab = tables[static_cast<size_t>(s)];
+      const auto q = query_lens[static_cast<size_t>(s)], k = context_lens[static_cast<size_t>(s)];
+      std::copy(tab.begin(), tab.end(), bt.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(s) * max_blocks));
+      cl[static_cast<size_t>(s)] = static_cast<int32_t>(k);
+      auto slot = [&](int64_t pos) { return static_cast<int64_t>(tab[static_cast<size_t>(pos / block_size)]) * block_size + pos % block_size; };
+      for (int64_t j = 0; j < k; ++j) kslots[static_cast<size_t>(s * K + j)] = slot(j);
+      for (int64_t j = 0; j < Q; ++j) {
+        if (j >= q) {
+          may[static_cast<size_t>((s * Q + j) * K)] = 1;  // a padding row attends to key 0: no empty softmax
+          continue;
+        }
+        const auto pos = k - q + j;
+        slots[static_cast<size_t>(t)] = slot(pos);
+        qrows[static_cast<size_t>(s * Q + j)] = t;
+        trows[static_cast<size_t>(t)] = s * Q + j;
+        for (int64_t key = 0; key <= pos; ++key) {
+          if (!sliding_window || pos - key < *sliding_window) may[static_cast<size_t>((s * Q + j) * K + key)] = 1;
+        }
+        ++t;
+      }
+    }
+    auto i32 = at::TensorOptions().dtype(at::kInt);
+    auto i64 = at::TensorOptions().dtype(at::kLong);
+    // from_blob views the host vectors: clone before they go (.to(kCPU) would not copy)
+    m.block_tables = at::from_blob(bt.data(), {S, static_cast<int64_t>(max_blocks)}, i32).clone().to(device);
+    m.context_lens = at::from_blob(cl.data(), {S}, i32).clone().to(device);
+    m.slot_mapping = at::from_blob(slots.data(), {T}, i64).clone().to(device);
+    m.query_rows = at::from_blob(qrows.data(), {S * Q}, i64).clone().to(device);
+    m.token_rows = at::from_blob(trows.data(), {T}, i64).clone().to(device);
+    m.key_slots = at::from_blob(kslots.data(), {S * K}, i64).clone().to(device);
+    m.mask = at::from_blob(may.data(), {S, 1, Q, K}, at::TensorOptions().dtype(at::kByte)).clone().to(device).to(at::kBool);
+    return m;
+  }
+
+  /// Sequences in the step.
+  [[nodiscard]] int64_t num_sequences() const { return context_lens.size(0); }
+};
+
+/// The reference path: `q` [T, H, D] packed queries, caches [num_blocks, block_size, Hkv, D]
+/// (H a multiple of Hkv) → [T, H, D]. Any device.
+inline at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                            const PagedAttentionMetadata& m, double scale) {
+  const auto S = m.num_sequences(), Q = m.max_query_len, K = m.max_context_len;
+  const auto H = q.size(1), D = q.size(2), Hkv = key_cache.size(2);
+  const auto slots = key_cache.size(0) * key_cache.size(1);
+  auto k = key_cache.view({slots, Hkv, D}).index_select(0, m.key_slots).view({S, K, Hkv, D}).permute({0, 2, 1, 3});
+  auto v = value_cache.view({slots, Hkv, D}).index_select(0, m.key_slots).view({S, K, Hkv, D}).permute({0, 2, 1, 3});
+  if (H != Hkv) {
+    k = k.repeat_interleave(H / Hkv, 1);
+    v = v.repeat_interleave(H / Hkv, 1);
+  }
+  auto qq = q.index_select(0, m.query_rows).view({S, Q, H, D}).permute({0, 2, 1, 3});
+  auto o = scaled_dot_product_attention(qq, k, v, m.mask, false, scale);  // [S, H, Q, D]
+  return o.permute({0, 2, 1, 3}).reshape({S * Q, H, D}).index_select(0, m.token_rows);
+}
+
+/// Attention of `q` [T, H, D] over the paged caches [num_blocks, block_size, Hkv, D] under `m`
+/// (this step's keys already written) → [T, H, D]. A decode step on CUDA with hybridrl::cuda
+/// linked runs the paged decode kernel; everything else runs paged_attention_reference.
+inline at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                  const PagedAttentionMetadata& m, double scale) {
+  constexpr const char* fn = "paged_attention";
+  HYBRIDRL_CHECK(q.dim() == 3 && q.size(0) == m.num_tokens,
+                 fmt::format("{}: q must be [{} tokens, heads, head_dim], got {} dims", fn, m.num_tokens, q.dim()),
+                 "pass the step's packed queries, one row per token");
+  HYBRIDRL_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes() && key_cache.size(3) == q.size(2) &&
+                     key_cache.size(1) == m.block_size && q.size(1) % key_cache.size(2) == 0,
+                 fmt::format("{}: caches must be [num_blocks, {}, kv_heads, {}] with kv_heads dividing {}", fn,
+                             m.block_size, q.size(2), q.size(1)),
+                 "allocate the caches with the model's kv heads and head size");
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (q.is_cuda() && m.decode_only && key_cache.is_contiguous() && value_cache.is_contiguous()) {
+    cuda::KernelDtype dt{};
+    bool ok = q.scalar_type() == key_cache.scalar_type();
+    switch (q.scalar_type()) {
+      case at::kFloat: dt = cuda::KernelDtype::f32; break;
+      case at::kHalf: dt = cuda::KernelDtype::f16; break;
+      case at::kBFloat16: dt = cuda::KernelDtype::bf16; break;
+      default: ok = false;
+    }
+    if (ok) {
+      const auto qc = q.contiguous();
+      auto out = at::empty_like(qc);
+      const auto S = m.num_sequences(), H = q.size(1), D = q.size(2);
+      const auto splits = cuda::paged_decode_splits(S, key_cache.size(2), m.block_tables.size(1), m.block_size);
+      auto ws = at::empty({std::max<int64_t>(1, splits > 1 ? S * H * splits * (D + 2) : 1)}, q.options().dtype(at::kFloat));
+      const int rc = cuda::launch_paged_decode_attention(
+          qc.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), m.block_tables.data_ptr<int32_t>(),
+          m.context_lens.data_ptr<int32_t>(), out.data_ptr(), S, H, key_cache.size(2), D,
+          m.block_size, m.block_tables.size(1), splits, m.sliding_window.value_or(0), static_cast<float>(scale), dt,
+          ws.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+      if (rc == 0) return out;
+      HYBRIDRL_CHECK(rc == -1, fmt::format("{}: the CUDA decode kernel failed to launch (cudaError {})", fn, rc),
+                     "check the device and that hybridrl::cuda was built for its architecture");
+      // rc -1: a shape the kernel does not cover (head_dim, group size): the reference does it
+    }
+  }
+#endif
+  return paged_attention_reference(q, key_cache, value_cache, m, scale);
+}
+
+}  // namespace hybridrl

@@ -1,0 +1,317 @@
+// Paged decode attention: one query token per sequence attends over that sequence's KV blocks.
+// Host launcher declared in include/hybridrl/cuda/launchers.hpp; the LibTorch-facing entry point
+// (with its reference fallback) is hybridrl::paged_attention in include/hybridrl/cuda/paged_attention.hpp.
+//
+// Layout: caches [num_blocks, block_size, Hkv, D]; q/out [S, H, D], query head h reads KV head
+// h / G (G = H / Hkv). Grid (S, Hkv, splits), 128 threads. One CTA does all G query heads of
+// its KV head, so each K/V row is read from memory once for the group. Each lane loads 16 bytes
+// of a key row and of a value row at a time; the D / VEC lanes of a row form a "token group"
+// and a warp covers 32 / (D / VEC) tokens per step. Every lane keeps an online softmax (max,
+// sum, accumulator) per head over its tokens; the groups of a warp merge by shuffles, the
+// 4 warps through shared memory. With splits > 1 each CTA does one slice of the sequence and
+// writes its normalised partial output with its max and sum; a second kernel merges the slices.
+// The grid depends only on (S, Hkv, splits): contexts can grow under a captured launch.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "hybridrl/cuda/launchers.hpp"
+
+namespace hybridrl::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+template <class T>
+struct Vec;  // 16 bytes of T as floats
+template <>
+struct Vec<float> {
+  static constexpr int n = 4;
+  __device__ static void load(const float* p, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+  }
+  __device__ static float to_float(float x) { return x; }
+  __device__ static float from_float(float x) { return x; }
+};
+template <>
+struct Vec<__half> {
+  static constexpr int n = 8;
+  __device__ static void load(const __half* p, float* out) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+};
+template <>
+struct Vec<__nv_bfloat16> {
+  static constexpr int n = 8;
+  __device__ static void load(const __nv_bfloat16* p, float* out) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <class T, int D, int G>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_kernel(const T* __restrict__ q, const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                        const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
+                        T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads, int block_size,
+                        int max_blocks, int splits, int window, float scale) {
+  constexpr int VEC = Vec<T>::n;
+  constexpr int LPT = D / VEC;        // lanes per token row
+  constexpr int TPW = 32 / LPT;       // tokens per warp step
+  static_assert(LPT >= 1 && LPT <= 32 && 32 % LPT == 0, "head_dim must be VEC * a power of two <= 32");
+  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tg = lane / LPT, part = lane % LPT;  // token group within the warp, slice of the row
+  const int ctx = context_lens[seq];
+  int first = 0;
+  if (window > 0 && ctx > window) first = ctx - window;
+  // this CTA's slice of [first, ctx): whole blocks of the table, split evenly
+  const int blocks_per_split = (max_blocks + splits - 1) / splits;
+  int begin = split * blocks_per_split * block_size, end = (split + 1) * blocks_per_split * block_size;
+  if (begin < first) begin = first;
+  if (end > ctx) end = ctx;
+
+  // q of the group's heads, this lane's slice, pre-scaled
+  float qv[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const T* qp = q + (static_cast<int64_t>(seq) * heads + kvh * G + g) * D + part * VEC;
+    Vec<T>::load(qp, qv[g]);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qv[g][i] *= scale;
+  }
+  float m[G], l[G], acc[G][VEC];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -FLT_MAX;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[g][i] = 0.f;
+  }
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  const int64_t row = static_cast<int64_t>(kv_heads) * D;  // elements per cache slot
+  for (int base = begin + warp * TPW; base < end; base += kWarps * TPW) {
+    const int tok = base + tg;
+    const bool valid = tok < end;
+    float kf[VEC], vf[VEC];
+    if (valid) {
+      const int64_t slot = static_cast<int64_t>(table[tok / block_size]) * block_size + tok % block_size;
+      const int64_t off = slot * row + static_cast<int64_t>(kvh) * D + part * VEC;
+      Vec<T>::load(key_cache + off, kf);
+      Vec<T>::load(value_cache + off, vf);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) kf[i] = vf[i] = 0.f;
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s = fmaf(qv[g][i], kf[i], s);
+#pragma unroll
+      for (int o = LPT / 2; o >= 1; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (valid) {
+        const float mn = fmaxf(m[g], s);
+        const float corr = __expf(m[g] - mn);
+        const float p = __expf(s - mn);
+        l[g] = l[g] * corr + p;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[g][i] = fmaf(acc[g][i], corr, p * vf[i]);
+        m[g] = mn;
+      }
+    }
+  }
+  // merge the token groups of the warp (lanes with the same `part` hold the same dims)
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int o = LPT; o < 32; o *= 2) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o);
+      const float lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+      const float mn = fmaxf(m[g], mo);
+      const float a = __expf(m[g] - mn), b = __expf(mo - mn);
+      l[g] = l[g] * a + lo * b;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+        acc[g][i] = acc[g][i] * a + ao * b;
+      }
+      m[g] = mn;
+    }
+  }
+  // merge the warps through shared memory: lanes of token group 0 hold each warp's result
+  __shared__ float sm_m[kWarps][G], sm_l[kWarps][G];
+  __shared__ float sm_acc[kWarps][G][D];
+  if (tg == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (part == 0) {
+        sm_m[warp][g] = m[g];
+        sm_l[warp][g] = l[g];
+      }
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) sm_acc[warp][g][part * VEC + i] = acc[g][i];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mx = -FLT_MAX;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm_m[w][g]);
+    float sum = 0.f, o = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float e = __expf(sm_m[w][g] - mx);
+      sum += sm_l[w][g] * e;
+      o += sm_acc[w][g][d] * e;
+    }
+    const int h = kvh * G + g;
+    if (splits == 1) {
+      out[(static_cast<int64_t>(seq) * heads + h) * D + d] = Vec<T>::from_float(sum > 0.f ? o / sum : 0.f);
+    } else {
+      // workspace: normalised partial outputs [S, H, splits, D], then maxes and sums [S, H, splits]
+      const int64_t sh = static_cast<int64_t>(seq) * heads + h;
+      const int64_t num = static_cast<int64_t>(gridDim.x) * heads * splits;
+      workspace[(sh * splits + split) * D + d] = sum > 0.f ? o / sum : 0.f;
+      if (d == 0) {
+        workspace[num * D + sh * splits + split] = mx;
+        workspace[num * D + num + sh * splits + split] = sum;
+      }
+    }
+  }
+}
+
+template <class T, int D>
+__global__ void paged_decode_merge_kernel(const float* __restrict__ workspace, T* __restrict__ out, int heads,
+                                          int splits) {
+  const int seq = blockIdx.x, h = blockIdx.y;
+  const int64_t sh = static_cast<int64_t>(seq) * heads + h;
+  const int64_t num = static_cast<int64_t>(gridDim.x) * heads * splits;
+  const float* ms = workspace + num * D + sh * splits;
+  const float* ls = workspace + num * D + num + sh * splits;
+  float mx = -FLT_MAX;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ls[s] > 0.f ? ms[s] : -FLT_MAX);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.f, o = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      if (ls[s] <= 0.f) continue;  // a slice past the context, or outside the window
+      const float w = ls[s] * __expf(ms[s] - mx);
+      sum += w;
+      o += w * workspace[(sh * splits + s) * D + d];
+    }
+    out[sh * D + d] = Vec<T>::from_float(sum > 0.f ? o / sum : 0.f);
+  }
+}
+
+template <class T, int D, int G>
+int launch_group(const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl, void* out,
+                 int S, int H, int Hkv, int bs, int max_blocks, int splits, int window, float scale, float* ws,
+                 cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(Hkv), static_cast<unsigned>(splits));
+  paged_decode_kernel<T, D, G><<<grid, kThreads, 0, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out), ws,
+      H, Hkv, bs, max_blocks, splits, window, scale);
+  if (splits > 1) {
+    paged_decode_merge_kernel<T, D><<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(H)), D < 128 ? D : 128, 0,
+                                      stream>>>(ws, static_cast<T*>(out), H, splits);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <class T, int D>
+int launch_dim(int G, const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl, void* out,
+               int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws, cudaStream_t st) {
+  switch (G) {
+    case 1: return launch_group<T, D, 1>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 2: return launch_group<T, D, 2>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 3: return launch_group<T, D, 3>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 4: return launch_group<T, D, 4>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 5: return launch_group<T, D, 5>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 6: return launch_group<T, D, 6>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 7: return launch_group<T, D, 7>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 8: return launch_group<T, D, 8>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    default: return -1;
+  }
+}
+
+template <class T>
+int launch_type(int D, int G, const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl,
+                void* out, int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws,
+                cudaStream_t st) {
+  switch (D) {
+    case 64: return launch_dim<T, 64>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 128: return launch_dim<T, 128>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    default: return -1;
+  }
+}
+
+}  // namespace
+
+int64_t paged_decode_splits(int64_t num_seqs, int64_t kv_heads, int64_t max_blocks, int64_t block_size) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 108;
+    }
+    return n;
+  }();
+  const int64_t ctas = num_seqs * kv_heads;
+  const int64_t want = (2 * sms + ctas - 1) / ctas;           // fill the device twice over
+  const int64_t most = (max_blocks * block_size + 255) / 256;  // but keep >= 256 tokens per slice
+  int64_t s = want < most ? want : most;
+  if (s > max_blocks) s = max_blocks;
+  return s < 1 ? 1 : s;
+}
+
+int launch_paged_decode_attention(const void* q, const void* key_cache, const void* value_cache,
+                                  const int32_t* block_tables, const int32_t* context_lens, void* out,
+                                  int64_t num_seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                  int64_t block_size, int64_t max_blocks, int64_t splits, int64_t sliding_window,
+                                  float scale, KernelDtype dtype, float* workspace, void* stream) {
+  if (num_seqs == 0) return 0;
+  if (kv_heads <= 0 || heads % kv_heads != 0 || splits < 1) return -1;
+  const int G = static_cast<int>(heads / kv_heads);
+  const int S = static_cast<int>(num_seqs), H = static_cast<int>(heads), Hkv = static_cast<int>(kv_heads);
+  const int D = static_cast<int>(head_dim), bs = static_cast<int>(block_size), mb = static_cast<int>(max_blocks);
+  const int sp = static_cast<int>(splits), win = static_cast<int>(sliding_window);
+  auto st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case KernelDtype::f32:
+      return launch_type<float>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs, mb, sp,
+                                win, scale, workspace, st);
+    case KernelDtype::f16:
+      return launch_type<__half>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs, mb,
+                                 sp, win, scale, workspace, st);
+    case KernelDtype::bf16:
+      return launch_type<__nv_bfloat16>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs,
+                                        mb, sp, win, scale, workspace, st);
+  }
+  return -1;
+}
+
+int device_memory(std::size_t* free_bytes, std::size_t* total_bytes) {
+  return static_cast<int>(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+}  // namespace hybridrl::cuda

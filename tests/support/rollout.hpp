@@ -1,0 +1,44 @@
+#pragma once
+// Test support for the rollout suite: the fixture models' directory, prompt batches, greedy
+// decoding by full recompute (the oracle of both engines) and a row's response tokens.
+#include <hybridrl/model/causal_lm.hpp>
+#include <hybridrl/rollout/generation.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hybridrl::testing {
+inline const std::string kRolloutModels = std::string(HYBRIDRL_FIXTURES_DIR) + "/models";
+
+// Left-padded prompts of the given token lists.
+inline TensorBatch prompt_batch(const std::vector<std::vector<int64_t>>& rows) { return left_padded_prompts(rows); }
+
+// Greedy continuation by full recompute: each step runs the whole sequence through forward() and
+// takes the argmax of the last position (no cache, no padding).
+inline std::vector<int64_t> greedy_by_recompute(CausalLM m, std::vector<int64_t> seq, int64_t n, int64_t eos = -1) {
+  c10::NoGradGuard g;
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < n; ++t) {
+    auto logits = m->forward(at::tensor(seq, at::kLong).view({1, -1}));
+    const auto next = logits[0][-1].argmax().item<int64_t>();
+    out.push_back(next);
+    seq.push_back(next);
+    if (next == eos) break;
+  }
+  return out;
+}
+
+inline std::vector<int64_t> row_tokens(const TensorBatch& out, int64_t row) {
+  auto r = out.tensor(keys::responses)[row];
+  auto m = out.tensor(keys::response_mask)[row];
+  std::vector<int64_t> v;
+  for (int64_t t = 0; t < r.size(0); ++t) {
+    if (m[t].item<int64_t>() == 1) v.push_back(r[t].item<int64_t>());
+  }
+  return v;
+}
+}  // namespace hybridrl::testing
