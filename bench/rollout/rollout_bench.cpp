@@ -87,10 +87,10 @@ void time_generate(const char* what, Engine& e, const TensorBatch& prompts, cons
   const auto st = e.stats();
   std::printf("{\"bench\": \"generate\", \"engine\": \"%s\", \"mode\": \"%s\", \"model\": \"%s\", \"batch\": %lld, \"generated_tokens\": "
               "%lld, \"seconds\": %.3f, \"tokens_per_s\": %.1f, \"prefill_s\": %.3f, \"decode_s\": %.3f, \"steps\": "
-              "%lld, \"preemptions\": %lld}\n",
+              "%lld, \"graph_steps\": %lld, \"preemptions\": %lld}\n",
               what, mode, model.c_str(), static_cast<long long>(prompts.size()), static_cast<long long>(st.generated_tokens),
               secs, static_cast<double>(st.generated_tokens) / secs, st.prefill_seconds, st.decode_seconds,
-              static_cast<long long>(st.steps), static_cast<long long>(st.preemptions));
+              static_cast<long long>(st.steps), static_cast<long long>(st.graph_steps), static_cast<long long>(st.preemptions));
   std::fflush(stdout);
 }
 
@@ -145,6 +145,20 @@ int bench_kernel() {
       const double bytes = 2.0 * static_cast<double>(B * L * sh.Hkv * sh.D) * 2.0;
       for (int i = 0; i < 10; ++i) paged_attention(q, kc, vc, meta, scale);
       const double ours = seconds_of([&] { paged_attention(q, kc, vc, meta, scale); }, dev, 100);
+      // the split count the heuristic chose against others, for tuning (the GPU speed issue)
+      std::string sweep;
+      for (int64_t sp : {1, 2, 4, 8}) {
+        auto out = at::empty_like(q);
+        auto ws = at::empty({B * sh.H * sp * (sh.D + 2)}, q.options().dtype(at::kFloat));
+        auto launch = [&] {
+          cuda::launch_paged_decode_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), meta.block_tables.data_ptr<int32_t>(),
+                                              meta.context_lens.data_ptr<int32_t>(), out.data_ptr(), B, sh.H, sh.Hkv, sh.D, bs,
+                                              L / bs, sp, 0, static_cast<float>(scale), cuda::KernelDtype::bf16,
+                                              ws.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
+        };
+        for (int i = 0; i < 5; ++i) launch();
+        sweep += fmt::format("{}\"{}\": {:.1f}", sweep.empty() ? "" : ", ", sp, seconds_of(launch, dev, 50) * 1e6);
+      }
       double peer = 0.0;
 #if HYBRIDRL_HAS_SDPA_GQA
       // the peer: dense decode over a contiguous [B, Hkv, L, D] cache, GQA-aware (cuDNN / flash via SDPA)
@@ -156,13 +170,33 @@ int bench_kernel() {
 #endif
       std::printf("{\"bench\": \"paged_decode_kernel\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
                   "\"head_dim\": %lld, \"context\": %lld, \"us\": %.1f, \"TB_per_s\": %.2f, \"splits\": %lld, "
-                  "\"dense_sdpa_us\": %.1f, \"dense_sdpa_TB_per_s\": %.2f}\n",
+                  "\"dense_sdpa_us\": %.1f, \"dense_sdpa_TB_per_s\": %.2f, \"us_by_splits\": {%s}}\n",
                   static_cast<long long>(B), static_cast<long long>(sh.H), static_cast<long long>(sh.Hkv),
                   static_cast<long long>(sh.D), static_cast<long long>(L), ours * 1e6, bytes / ours / 1e12,
                   static_cast<long long>(cuda::paged_decode_splits(B, sh.Hkv, L / bs, bs)), peer * 1e6,
-                  peer > 0 ? bytes / peer / 1e12 : 0.0);
+                  peer > 0 ? bytes / peer / 1e12 : 0.0, sweep.c_str());
       std::fflush(stdout);
     }
+  }
+  // the rest of a decode step's fixed costs: sampling over a 32000-token vocabulary, metadata
+  for (int64_t B : {64, 256}) {
+    auto logits = at::randn({B, 32000}, at::TensorOptions().device(dev));
+    SamplingRows r;
+    r.seeds = at::arange(B, at::TensorOptions().dtype(at::kLong).device(dev));
+    r.samples = at::zeros({B}, r.seeds.options());
+    r.positions = at::zeros({B}, r.seeds.options());
+    const auto s = SamplingOptions{}.temperature(1.0);
+    for (int i = 0; i < 3; ++i) sample_tokens(logits, s, r);
+    const double t_sample = seconds_of([&] { sample_tokens(logits, s, r); }, dev, 20);
+    const double t_greedy = seconds_of([&] { sample_tokens(logits, SamplingOptions{}.temperature(0), r); }, dev, 20);
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B), std::vector<int32_t>(24, 1));
+    const double t_meta = seconds_of([&] {
+      PagedAttentionMetadata::make(tables, std::vector<int64_t>(static_cast<size_t>(B), 1),
+                                   std::vector<int64_t>(static_cast<size_t>(B), 384), 16, {}, dev);
+    }, dev, 20);
+    std::printf("{\"bench\": \"step_costs\", \"batch\": %lld, \"sample_ms\": %.3f, \"greedy_ms\": %.3f, "
+                "\"metadata_ms\": %.3f}\n",
+                static_cast<long long>(B), t_sample * 1e3, t_greedy * 1e3, t_meta * 1e3);
   }
   return 0;
 #else

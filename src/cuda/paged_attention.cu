@@ -4,7 +4,9 @@
 //
 // Layout: caches [num_blocks, block_size, Hkv, D]; q/out [S, H, D], query head h reads KV head
 // h / G (G = H / Hkv). Grid (S, Hkv, splits), 128 threads. One CTA does all G query heads of
-// its KV head, so each K/V row is read from memory once for the group. Each lane loads 16 bytes
+// its KV head, so each K/V row is read from memory once for the group. bf16 / fp16 caches take
+// the tensor-core kernel below (paged_decode_mma_kernel); fp32 takes this CUDA-core one, where
+// each lane loads 16 bytes
 // of a key row and of a value row at a time; the D / VEC lanes of a row form a "token group"
 // and a warp covers 32 / (D / VEC) tokens per step. Every lane keeps an online softmax (max,
 // sum, accumulator) per head over its tokens; the groups of a warp merge by shuffles, the
@@ -202,6 +204,234 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+
+// ---- tensor-core kernel (bf16 / fp16 caches, G <= 8): per warp, tiles of 16 tokens ----
+// S = Q Kᵀ and O += P V with mma.m16n8k16 (fp32 accumulators): the G query heads are the rows of
+// the A operand (padded to 16, rows >= G zero), so every K/V row read from memory serves all G
+// heads through the tensor cores instead of 2·G·D CUDA-core FMAs. K/V tiles stream into shared
+// memory with cp.async, two stages per warp; rows are padded by 16 bytes (conflict-free reads).
+template <class T>
+struct MmaOp;
+template <>
+struct MmaOp<__nv_bfloat16> {
+  __device__ static void run(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+template <>
+struct MmaOp<__half> {
+  __device__ static void run(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  __device__ static uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+__device__ inline void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ inline void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+constexpr int kTile = 16;  // tokens per warp tile
+
+template <int D>
+__host__ __device__ constexpr int mma_row() { return D + 8; }  // elements per smem row: +16 bytes
+template <int D>
+__host__ __device__ constexpr int mma_smem_bytes() {
+  const int stages = 2 * kWarps * 2 * kTile * mma_row<D>() * 2;  // stages x warps x (K, V) x rows x bytes
+  const int merge = kWarps * 8 * (D + 2) * 4;
+  return stages > merge ? stages : merge;
+}
+
+template <class T, int D, int G>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_mma_kernel(const T* __restrict__ q, const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
+                            T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads,
+                            int block_size, int max_blocks, int splits, int window, float scale) {
+  static_assert(G >= 1 && G <= 8 && D % 16 == 0, "tensor-core decode: G <= 8 query heads per KV head, D % 16 == 0");
+  static_assert(Vec<T>::n == 8, "16-bit elements");
+  constexpr int R = mma_row<D>();
+  constexpr int KS = D / 16;          // k-steps of Q Kᵀ
+  constexpr int NT = D / 8;           // n-tiles of P V
+  constexpr int CH = D / 8;           // 16-byte chunks per row
+  constexpr int LOADS = kTile * CH / 32;  // chunks per lane per tile, for K and for V
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int grp = lane >> 2, quad = lane & 3;  // mma fragment coordinates
+  const int ctx = context_lens[seq];
+  int first = 0;
+  if (window > 0 && ctx > window) first = ctx - window;
+  const int blocks_per_split = (max_blocks + splits - 1) / splits;
+  int begin = split * blocks_per_split * block_size, end = (split + 1) * blocks_per_split * block_size;
+  if (begin < first) begin = first;
+  if (end > ctx) end = ctx;
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  const int64_t row = static_cast<int64_t>(kv_heads) * D;
+
+  // Q as A fragments: row grp is query head kvh * G + grp (zero past G); rows 8..15 are zero
+  uint32_t qa[KS][2];
+  {
+    const bool live = grp < G;
+    const T* qp = q + (static_cast<int64_t>(seq) * heads + kvh * G + (live ? grp : 0)) * D;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(qp + k * 16 + quad * 2);
+      const uint32_t hi = *reinterpret_cast<const uint32_t*>(qp + k * 16 + 8 + quad * 2);
+      qa[k][0] = live ? lo : 0u;
+      qa[k][1] = live ? hi : 0u;
+    }
+  }
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m = -FLT_MAX, l = 0.f;  // of head row grp; l is this lane's part of the row sum
+
+  T* my = smem + warp * 2 * 2 * kTile * R;  // this warp's two stages of K and V tiles
+  auto issue = [&](int tile_start, int stage) {
+    T* ks = my + stage * 2 * kTile * R;
+    T* vs = ks + kTile * R;
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      const int c = lane + 32 * i, t = c / CH, ch = c % CH;
+      int tok = tile_start + t;
+      if (tok >= end) tok = end - 1;  // a real row; its scores are masked
+      const int64_t slot = static_cast<int64_t>(table[tok / block_size]) * block_size + tok % block_size;
+      const int64_t off = slot * row + static_cast<int64_t>(kvh) * D + ch * 8;
+      cp_async16(ks + t * R + ch * 8, key_cache + off);
+      cp_async16(vs + t * R + ch * 8, value_cache + off);
+    }
+  };
+  const int stride = kWarps * kTile;
+  int tile = begin + warp * kTile, stage = 0;
+  if (tile < end) issue(tile, 0);
+  cp_async_commit();
+  for (; tile < end; tile += stride, stage ^= 1) {
+    if (tile + stride < end) issue(tile + stride, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait1();
+    __syncwarp();
+    const T* ks = my + stage * 2 * kTile * R;
+    const T* vs = ks + kTile * R;
+    // S = Q Kᵀ for tokens [tile, tile + 16): two n-tiles of 8 tokens
+    float sc[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+      const T* kr = ks + (n * 8 + grp) * R + quad * 2;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) {
+        const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
+        const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kr + k * 16),
+                               *reinterpret_cast<const uint32_t*>(kr + k * 16 + 8)};
+        MmaOp<T>::run(sc[n], a, b);
+      }
+    }
+    // online softmax of row grp over the tile (the row's 16 scores sit in the 4 lanes of a quad)
+    float tmax = -FLT_MAX;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int tok = tile + n * 8 + quad * 2 + j;
+        sc[n][j] = tok < end ? sc[n][j] * scale : -INFINITY;
+        tmax = fmaxf(tmax, sc[n][j]);
+      }
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float mn = fmaxf(m, tmax);
+    const float corr = __expf(m - mn);
+    m = mn;
+    float p[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) p[n][j] = __expf(sc[n][j] - mn);
+    }
+    l = l * corr + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+    // P as the A fragment of P V (k = the tile's 16 tokens): rows 8..15 zero
+    const uint32_t pa[4] = {MmaOp<T>::pack(p[0][0], p[0][1]), 0u, MmaOp<T>::pack(p[1][0], p[1][1]), 0u};
+#pragma unroll
+    for (int n = 0; n < NT; n += 2) {
+      // V [16 tokens][dims n*8 .. n*8 + 16) transposed: b fragments of n-tiles n and n + 1
+      const int mtx = lane >> 3, r = lane & 7;
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, vs + ((mtx & 1) * 8 + r) * R + n * 8 + (mtx >> 1) * 8);
+      o[n][0] *= corr;
+      o[n][1] *= corr;
+      o[n + 1][0] *= corr;
+      o[n + 1][1] *= corr;
+      const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+      MmaOp<T>::run(o[n], pa, b0);
+      MmaOp<T>::run(o[n + 1], pa, b1);
+    }
+    __syncwarp();  // the stage is refilled next iteration
+  }
+  // the row sum over the quad
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  __syncthreads();  // stages are reused as the merge buffer
+  float* sm_m = reinterpret_cast<float*>(smem_raw);
+  float* sm_l = sm_m + kWarps * 8;
+  float* sm_acc = sm_l + kWarps * 8;  // [warp][8][D]
+  if (quad == 0) {
+    sm_m[warp * 8 + grp] = m;
+    sm_l[warp * 8 + grp] = l;
+  }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    sm_acc[(warp * 8 + grp) * D + n * 8 + quad * 2] = o[n][0];
+    sm_acc[(warp * 8 + grp) * D + n * 8 + quad * 2 + 1] = o[n][1];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mx = -FLT_MAX;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sm_m[w * 8 + g]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float e = __expf(sm_m[w * 8 + g] - mx);
+      sum += sm_l[w * 8 + g] * e;
+      acc += sm_acc[(w * 8 + g) * D + d] * e;
+    }
+    const int h = kvh * G + g;
+    const int64_t sh = static_cast<int64_t>(seq) * heads + h;
+    if (splits == 1) {
+      out[sh * D + d] = Vec<T>::from_float(sum > 0.f ? acc / sum : 0.f);
+    } else {
+      const int64_t num = static_cast<int64_t>(gridDim.x) * heads * splits;
+      workspace[(sh * splits + split) * D + d] = sum > 0.f ? acc / sum : 0.f;
+      if (d == 0) {
+        workspace[num * D + sh * splits + split] = mx;
+        workspace[num * D + num + sh * splits + split] = sum;
+      }
+    }
+  }
+}
+
 template <class T, int D>
 __global__ void paged_decode_merge_kernel(const float* __restrict__ workspace, T* __restrict__ out, int heads,
                                           int splits) {
@@ -229,9 +459,19 @@ int launch_group(const void* q, const void* kc, const void* vc, const int32_t* b
                  int S, int H, int Hkv, int bs, int max_blocks, int splits, int window, float scale, float* ws,
                  cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(Hkv), static_cast<unsigned>(splits));
-  paged_decode_kernel<T, D, G><<<grid, kThreads, 0, stream>>>(
-      static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out), ws,
-      H, Hkv, bs, max_blocks, splits, window, scale);
+  if constexpr (sizeof(T) == 2) {  // bf16 / fp16: tensor cores
+    constexpr int smem = mma_smem_bytes<D>();
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(paged_decode_mma_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    paged_decode_mma_kernel<T, D, G><<<grid, kThreads, smem, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
+        ws, H, Hkv, bs, max_blocks, splits, window, scale);
+  } else {
+    paged_decode_kernel<T, D, G><<<grid, kThreads, 0, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
+        ws, H, Hkv, bs, max_blocks, splits, window, scale);
+  }
   if (splits > 1) {
     paged_decode_merge_kernel<T, D><<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(H)), D < 128 ? D : 128, 0,
                                       stream>>>(ws, static_cast<T*>(out), H, splits);

@@ -121,6 +121,12 @@ struct PagedAttentionMetadata {
   [[nodiscard]] int64_t num_sequences() const { return context_lens.size(0); }
 };
 
+/// True when the CUDA decode kernel covers heads / kv_heads / head_dim (head_dim 64 or 128, at
+/// most 8 query heads per KV head); paged_attention runs the reference for other shapes.
+constexpr bool paged_decode_kernel_covers(int64_t heads, int64_t kv_heads, int64_t head_dim) noexcept {
+  return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 8 && (head_dim == 64 || head_dim == 128);
+}
+
 /// The reference path: `q` [T, H, D] packed queries, caches [num_blocks, block_size, Hkv, D]
 /// (H a multiple of Hkv) → [T, H, D]. Any device.
 inline at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,

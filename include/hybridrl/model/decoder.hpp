@@ -194,7 +194,10 @@ class DecoderImpl : public torch::nn::Module {
   at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask, const AttentionFn& attn_fn) {
     if (ids.device().is_cpu()) check_token_ids(ids, config_.vocab_size);  // CUDA: no sync per forward
     auto h = embed_tokens(ids);
-    auto [cos, sin] = rope_cos_sin(inv_freq_, pos, h.scalar_type());
+    // the fp32 frequencies on the ids' device, copied once (no host-to-device copy per forward,
+    // so a forward can be captured in a CUDA graph)
+    if (!inv_freq_here_.defined() || inv_freq_here_.device() != ids.device()) inv_freq_here_ = inv_freq_.to(ids.device());
+    auto [cos, sin] = rope_cos_sin(inv_freq_here_, pos, h.scalar_type());
     LayerContext ctx{cos, sin, mask, true, attn_fn};
     for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) h = runner_(i, *layer(i), h, ctx);
     return norm(h);
@@ -203,6 +206,7 @@ class DecoderImpl : public torch::nn::Module {
   ModelConfig config_;
   ParallelContext pc_;
   at::Tensor inv_freq_;  // fp32, deliberately not a buffer: .to(bf16) must not round it
+  at::Tensor inv_freq_here_;  // inv_freq_ on the device of the last forward
   LayerRunner runner_ = default_layer_runner();
 };
 /// Module holder of DecoderImpl.

@@ -32,6 +32,7 @@ struct RolloutStats {
   int64_t cached_prompt_tokens = 0;  ///< prompt tokens taken from the prefix cache or a fork, not computed (Paged)
   double kv_peak_utilization = 0.0;  ///< most KV blocks held at once / blocks in the pool (Paged)
   int64_t steps = 0;             ///< forwards run
+  int64_t graph_steps = 0;       ///< decode steps replayed from a captured CUDA graph (Paged)
 };
 
 /// The keys every generate() writes (core/keys.hpp): prompts, responses, response_mask,

@@ -37,6 +37,18 @@
 #include "hybridrl/sharding/weight_spec.hpp"
 #include "hybridrl/sharding/weights.hpp"
 
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS) && defined(HYBRIDRL_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#define HYBRIDRL_PAGED_CUDA_GRAPHS 1
+#else
+#define HYBRIDRL_PAGED_CUDA_GRAPHS 0
+#endif
+
+#include <memory>
+
 namespace hybridrl {
 
 /// Run-time options of Rollout<Paged>.
@@ -161,6 +173,12 @@ class PagedEngine {
                      "this is a bug: please report it with the options and prompt lengths");
       held_peak_ = std::max(held_peak_, num_blocks_ - pool_.num_free());
       copy_blocks(step.copies);
+      if (graph_step(step, sched, requests, seqs, s, rule)) {
+        stats_.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+        ++stats_.steps;
+        ++stats_.graph_steps;
+        continue;
+      }
       // the step's packed tokens, their positions and slots; each sequence's place in the pool
       std::vector<int64_t> ids, pos;
       std::vector<std::vector<int32_t>> tables;
@@ -247,6 +265,7 @@ class PagedEngine {
 
   /// Frees the KV pool (for the update phase); generate() refuses to run until resume_memory().
   void release_memory() {
+    drop_graphs();
     kv_ = at::Tensor();
     pool_ = BlockPool(num_blocks_, options_.block_size());  // nothing cached survives the release
     released_ = true;
@@ -311,6 +330,200 @@ class PagedEngine {
                      "rollout.max_new_tokens / the prompt length");
     }
   }
+
+
+  // ---- CUDA graphs of the decode step (every scheduled sequence computes its last drawn token) ----
+  // One graph per padded batch size (powers of two up to max_num_seqs), captured on first use for
+  // the call's sampling options: the model forward over static input buffers, the paged decode
+  // kernel reading static block tables, and the sampler writing static outputs. Padding rows
+  // write no KV (slot -1) and attend to one token. A replay costs one launch instead of the
+  // ~40 LibTorch ops per layer of an eager step.
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+  struct DecodeGraph {
+    int64_t rows = 0, width = 0;
+    at::cuda::CUDAGraph graph;
+    at::Tensor ids, pos, slots, tables, ctx, seeds, samples, positions;  // static inputs
+    at::Tensor host;                                                    // pinned staging
+    at::Tensor tokens, log_probs;                                       // static outputs
+  };
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;
+  SamplingOptions graph_sampling_;
+  decltype(at::cuda::graph_pool_handle()) graph_pool_{0, 0};
+#endif
+  bool graphs_broken_ = false;
+
+  void drop_graphs() {
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+    graphs_.clear();
+#endif
+  }
+
+  static bool same_sampling(const SamplingOptions& a, const SamplingOptions& b) {
+    return a.temperature() == b.temperature() && a.top_k() == b.top_k() && a.top_p() == b.top_p() &&
+           a.min_p() == b.min_p();
+  }
+
+  bool graph_step(const ScheduledStep& step, PagedScheduler& sched, const std::vector<GenerationRequest>& req,
+                  std::vector<GeneratedSequence>& seqs, const SamplingOptions& s, const StopRule& rule) {
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+    const auto& c = model_->config();
+    if (!device_.is_cuda() || !options_.cuda_graphs() || graphs_broken_ ||
+        !paged_decode_kernel_covers(c.num_attention_heads, c.num_key_value_heads, c.head_dim)) {
+      return false;
+    }
+    const auto S = static_cast<int64_t>(step.chunks.size());
+    if (S > options_.max_num_seqs()) return false;
+    const auto bs = options_.block_size();
+    const auto width = std::min(num_blocks_, (c.max_position_embeddings + bs - 1) / bs);
+    for (const auto& ch : step.chunks) {
+      const auto& q = sched.sequence(ch.seq);
+      if (ch.count != 1 || ch.start + 1 != static_cast<int64_t>(q.tokens.size()) || !q.followers.empty()) return false;
+      if (static_cast<int64_t>(q.table.blocks().size()) > width) return false;
+      // a row still under min_new_tokens needs the banned-token mask: the eager step does it
+      if (!rule.stop_ids.empty() && static_cast<int64_t>(seqs[static_cast<size_t>(ch.seq)].tokens.size()) < rule.min_new_tokens) {
+        return false;
+      }
+    }
+    if (!graphs_.empty() && !same_sampling(graph_sampling_, s)) drop_graphs();
+    graph_sampling_ = s;
+    int64_t rows = 1;
+    while (rows < S) rows *= 2;
+    DecodeGraph* g = nullptr;
+    for (auto& p : graphs_) {
+      if (p->rows == rows && p->width == width) g = p.get();
+    }
+    if (g == nullptr) {
+      try {
+        graphs_.push_back(capture_decode(rows, width, s));
+      } catch (const std::exception&) {
+        graphs_broken_ = true;  // the eager step still works; the stats show no graph steps
+        drop_graphs();
+        return false;
+      }
+      g = graphs_.back().get();
+    }
+    // stage this step's inputs (padding rows: token 0 at position 0, no KV write, one key)
+    auto* h = g->host.data_ptr<int64_t>();
+    const auto W = g->width;
+    int64_t* ids = h;
+    int64_t* pos = h + rows;
+    int64_t* slots = h + 2 * rows;
+    int64_t* seeds = h + 3 * rows;
+    int64_t* samples = h + 4 * rows;
+    int64_t* positions = h + 5 * rows;
+    auto* ctx = reinterpret_cast<int32_t*>(h + 6 * rows);
+    auto* tables = ctx + rows;
+    std::fill(h, h + 6 * rows, 0);
+    std::fill(slots, slots + rows, -1);
+    std::fill(ctx, ctx + rows, 1);
+    std::fill(tables, tables + rows * W, 0);
+    for (int64_t r = 0; r < S; ++r) {
+      const auto& ch = step.chunks[static_cast<size_t>(r)];
+      const auto& q = sched.sequence(ch.seq);
+      const auto& blocks = q.table.blocks();
+      ids[r] = q.tokens[static_cast<size_t>(ch.start)];
+      pos[r] = ch.start;
+      slots[r] = static_cast<int64_t>(blocks[static_cast<size_t>(ch.start / bs)]) * bs + ch.start % bs;
+      ctx[r] = static_cast<int32_t>(ch.start + 1);
+      std::copy(blocks.begin(), blocks.end(), tables + r * W);
+      const auto& rq = req[static_cast<size_t>(ch.seq)];
+      seeds[r] = static_cast<int64_t>(rq.seed);
+      samples[r] = rq.sample;
+      positions[r] = static_cast<int64_t>(seqs[static_cast<size_t>(ch.seq)].tokens.size());
+    }
+    auto longs = g->host.narrow(0, 0, 6 * rows);
+    auto ints = g->host.narrow(0, 6 * rows, g->host.size(0) - 6 * rows).view(at::kInt);  // pinned, like the rest
+    g->ids.copy_(longs.narrow(0, 0, rows), true);
+    g->pos.copy_(longs.narrow(0, rows, rows), true);
+    g->slots.copy_(longs.narrow(0, 2 * rows, rows), true);
+    g->seeds.copy_(longs.narrow(0, 3 * rows, rows), true);
+    g->samples.copy_(longs.narrow(0, 4 * rows, rows), true);
+    g->positions.copy_(longs.narrow(0, 5 * rows, rows), true);
+    g->ctx.copy_(ints.narrow(0, 0, rows), true);
+    g->tables.copy_(ints.narrow(0, rows, rows * W).view({rows, W}), true);
+    g->graph.replay();
+    sched.computed(step);
+    auto tok = g->tokens.narrow(0, 0, S).to(at::kCPU);  // waits for the replay
+    auto lp = g->log_probs.narrow(0, 0, S).to(at::kCPU);
+    for (int64_t r = 0; r < S; ++r) {
+      const auto id = step.chunks[static_cast<size_t>(r)].seq;
+      auto& seq = seqs[static_cast<size_t>(id)];
+      const auto t = tok.data_ptr<int64_t>()[r];
+      rule.append(seq, static_cast<int64_t>(req[static_cast<size_t>(id)].prompt.size()), t, lp.data_ptr<float>()[r]);
+      if (seq.done) sched.finish(id);
+      else sched.append(id, t);
+    }
+    return true;
+#else
+    (void)step, (void)sched, (void)req, (void)seqs, (void)s, (void)rule;
+    return false;
+#endif
+  }
+
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+  std::unique_ptr<DecodeGraph> capture_decode(int64_t rows, int64_t width, const SamplingOptions& s) {
+    auto g = std::make_unique<DecodeGraph>();
+    g->rows = rows;
+    g->width = width;
+    const auto l = at::TensorOptions().dtype(at::kLong).device(device_);
+    const auto i = at::TensorOptions().dtype(at::kInt).device(device_);
+    g->ids = at::zeros({rows}, l);
+    g->pos = at::zeros({rows}, l);
+    g->slots = at::full({rows}, -1, l);
+    g->seeds = at::zeros({rows}, l);
+    g->samples = at::zeros({rows}, l);
+    g->positions = at::zeros({rows}, l);
+    g->ctx = at::ones({rows}, i);
+    g->tables = at::zeros({rows, width}, i);
+    // 6 int64 rows, then ctx and the tables as int32 (packed two per int64)
+    g->host = at::empty({6 * rows + (rows * (1 + width) + 1) / 2}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+    g->tokens = at::zeros({rows}, l);
+    g->log_probs = at::zeros({rows}, l.dtype(at::kFloat));
+    if (graph_pool_.first == 0 && graph_pool_.second == 0) graph_pool_ = at::cuda::graph_pool_handle();
+    cudaDeviceSynchronize();
+    auto side = at::cuda::getStreamFromPool(false, device_.index());
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      decode_body(*g, s);  // warm-up on the capture stream (cuBLAS workspaces, the allocator)
+      side.synchronize();
+      g->graph.capture_begin(graph_pool_);
+      decode_body(*g, s);
+      g->graph.capture_end();
+    }
+    side.synchronize();
+    return g;
+  }
+
+  void decode_body(DecodeGraph& g, const SamplingOptions& s) {
+    const auto& c = model_->config();
+    PagedAttentionMetadata meta;
+    meta.block_tables = g.tables;
+    meta.context_lens = g.ctx;
+    meta.slot_mapping = g.slots;
+    meta.num_tokens = g.rows;
+    meta.max_query_len = 1;
+    meta.max_context_len = g.width * options_.block_size();
+    meta.block_size = options_.block_size();
+    meta.sliding_window = c.sliding_window;
+    meta.decode_only = true;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    auto fn = [this, &meta, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      auto kc = kv_[layer][0];
+      auto vc = kv_[layer][1];
+      write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, meta.slot_mapping);
+      return paged_attention(q[0].transpose(0, 1), kc, vc, meta, scale).transpose(0, 1).unsqueeze(0);
+    };
+    auto hidden = model_->model->forward_with_attention(g.ids.view({1, g.rows}), g.pos.view({1, g.rows}), fn);
+    auto logits = model_->logits(hidden[0]);
+    SamplingRows sr;
+    sr.seeds = g.seeds;
+    sr.samples = g.samples;
+    sr.positions = g.positions;
+    auto drawn = sample_tokens(logits, s, sr);
+    g.tokens.copy_(drawn.tokens);
+    g.log_probs.copy_(drawn.log_probs);
+  }
+#endif
 
   void copy_blocks(const std::vector<BlockCopy>& copies) {
     if (copies.empty()) return;
