@@ -391,6 +391,10 @@ TEST_SUITE("rollout/paged_attention") {
     for (std::optional<int64_t> window : {std::optional<int64_t>{}, std::optional<int64_t>{3}}) {
       CAPTURE(window.value_or(0));
       const auto meta = PagedAttentionMetadata::make(tables, qlens, ctx, bs, window, at::kCPU);
+      // the decode row is one group, each longer chunk its own: no query padded to another's length
+      REQUIRE(meta.groups.size() == 3);
+      CHECK((meta.groups[0].sequences == 1 && meta.groups[0].queries == 1 && meta.groups[0].keys == 9));
+      CHECK((meta.groups[1].queries == 5 && meta.groups[1].keys == 11 && meta.groups[2].queries == 3));
       auto q = at::randn({9, H, D});
       auto out = paged_attention(q, kc, vc, meta, 0.3);
       int64_t t = 0;

@@ -44,11 +44,16 @@ struct PagedAttentionMetadata {
   std::optional<int64_t> sliding_window;  ///< a key is visible to a query less than this many positions back
   bool decode_only = false;  ///< every chunk is one token
 
-  // the reference path's gather, precomputed: padded query rows and key slots, and the mask
-  at::Tensor query_rows;  ///< int64 [S * max_query_len]: packed token of each padded query row (padding 0)
-  at::Tensor token_rows;  ///< int64 [T]: padded row of each packed token
-  at::Tensor key_slots;   ///< int64 [S * max_context_len]: cache slot of each padded key (padding 0)
-  at::Tensor mask;        ///< bool [S, 1, max_query_len, max_context_len]: may attend
+  /// The reference path's work, precomputed: the decode rows (one query each) as one group, and
+  /// each longer chunk as a group of its own, so no query is padded to another chunk's length
+  /// (a step mixing one 8192-token chunk with 255 decodes would otherwise mask 255 × 8192 × K).
+  struct Group {
+    int64_t sequences = 0, queries = 0, keys = 0;  ///< S_g, Q_g (per sequence), K_g (the longest context)
+    at::Tensor tokens;     ///< int64 [S_g * Q_g]: packed rows of the group's queries, sequence-major
+    at::Tensor key_slots;  ///< int64 [S_g * K_g]: cache slot of each key (padding: slot 0, masked)
+    at::Tensor mask;       ///< bool [S_g, 1, Q_g, K_g]: may attend
+  };
+  std::vector<Group> groups;
 
   /// Metadata of a step: sequence s has block table `tables[s]`, `query_lens[s]` new tokens and
   /// `context_lens[s]` tokens in the cache counting them, in a cache of `block_size`-token blocks.
@@ -64,56 +69,73 @@ struct PagedAttentionMetadata {
     m.block_size = block_size;
     m.sliding_window = sliding_window;
     size_t max_blocks = 1;
+    std::vector<int64_t> first(static_cast<size_t>(S));  // packed row of each sequence's first query
     for (int64_t s = 0; s < S; ++s) {
       const auto q = query_lens[static_cast<size_t>(s)], k = context_lens[static_cast<size_t>(s)];
       HYBRIDRL_CHECK(q >= 1 && k >= q && k <= static_cast<int64_t>(tables[static_cast<size_t>(s)].size()) * block_size,
                      fmt::format("PagedAttentionMetadata: sequence {} has {} queries, {} context tokens and {} blocks",
                                  s, q, k, tables[static_cast<size_t>(s)].size()),
                      "each sequence needs >= 1 query, a context holding its queries, and blocks for the context");
+      first[static_cast<size_t>(s)] = m.num_tokens;
       m.num_tokens += q;
       m.max_query_len = std::max(m.max_query_len, q);
       m.max_context_len = std::max(m.max_context_len, k);
       max_blocks = std::max(max_blocks, tables[static_cast<size_t>(s)].size());
     }
     m.decode_only = m.max_query_len == 1;
-    const auto Q = m.max_query_len, K = m.max_context_len, T = m.num_tokens;
+    auto slot_of = [&](int64_t s, int64_t pos) {
+      const auto& tab = tables[static_cast<size_t>(s)];
+      return static_cast<int64_t>(tab[static_cast<size_t>(pos / block_size)]) * block_size + pos % block_size;
+    };
     std::vector<int32_t> bt(static_cast<size_t>(S) * max_blocks, 0), cl(static_cast<size_t>(S));
-    std::vector<int64_t> slots(static_cast<size_t>(T)), qrows(static_cast<size_t>(S * Q), 0),
-        trows(static_cast<size_t>(T)), kslots(static_cast<size_t>(S * K), 0);
-    std::vector<uint8_t> may(static_cast<size_t>(S * Q * K), 0);
-    int64_t t = 0;
+    std::vector<int64_t> slots(static_cast<size_t>(m.num_tokens));
     for (int64_t s = 0; s < S; ++s) {
       const auto& tab = tables[static_cast<size_t>(s)];
       const auto q = query_lens[static_cast<size_t>(s)], k = context_lens[static_cast<size_t>(s)];
       std::copy(tab.begin(), tab.end(), bt.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(s) * max_blocks));
       cl[static_cast<size_t>(s)] = static_cast<int32_t>(k);
-      auto slot = [&](int64_t pos) { return static_cast<int64_t>(tab[static_cast<size_t>(pos / block_size)]) * block_size + pos % block_size; };
-      for (int64_t j = 0; j < k; ++j) kslots[static_cast<size_t>(s * K + j)] = slot(j);
-      for (int64_t j = 0; j < Q; ++j) {
-        if (j >= q) {
-          may[static_cast<size_t>((s * Q + j) * K)] = 1;  // a padding row attends to key 0: no empty softmax
-          continue;
-        }
-        const auto pos = k - q + j;
-        slots[static_cast<size_t>(t)] = slot(pos);
-        qrows[static_cast<size_t>(s * Q + j)] = t;
-        trows[static_cast<size_t>(t)] = s * Q + j;
-        for (int64_t key = 0; key <= pos; ++key) {
-          if (!sliding_window || pos - key < *sliding_window) may[static_cast<size_t>((s * Q + j) * K + key)] = 1;
-        }
-        ++t;
-      }
+      for (int64_t j = 0; j < q; ++j) slots[static_cast<size_t>(first[static_cast<size_t>(s)] + j)] = slot_of(s, k - q + j);
     }
-    auto i32 = at::TensorOptions().dtype(at::kInt);
-    auto i64 = at::TensorOptions().dtype(at::kLong);
     // from_blob views the host vectors: clone before they go (.to(kCPU) would not copy)
+    const auto i32 = at::TensorOptions().dtype(at::kInt), i64 = at::TensorOptions().dtype(at::kLong);
     m.block_tables = at::from_blob(bt.data(), {S, static_cast<int64_t>(max_blocks)}, i32).clone().to(device);
     m.context_lens = at::from_blob(cl.data(), {S}, i32).clone().to(device);
-    m.slot_mapping = at::from_blob(slots.data(), {T}, i64).clone().to(device);
-    m.query_rows = at::from_blob(qrows.data(), {S * Q}, i64).clone().to(device);
-    m.token_rows = at::from_blob(trows.data(), {T}, i64).clone().to(device);
-    m.key_slots = at::from_blob(kslots.data(), {S * K}, i64).clone().to(device);
-    m.mask = at::from_blob(may.data(), {S, 1, Q, K}, at::TensorOptions().dtype(at::kByte)).clone().to(device).to(at::kBool);
+    m.slot_mapping = at::from_blob(slots.data(), {m.num_tokens}, i64).clone().to(device);
+    // the reference path's groups
+    std::vector<int64_t> decodes;
+    for (int64_t s = 0; s < S; ++s) {
+      if (query_lens[static_cast<size_t>(s)] == 1) decodes.push_back(s);
+    }
+    auto add_group = [&](const std::vector<int64_t>& members, int64_t Q) {
+      Group g;
+      g.sequences = static_cast<int64_t>(members.size());
+      g.queries = Q;
+      for (auto s : members) g.keys = std::max(g.keys, context_lens[static_cast<size_t>(s)]);
+      const auto Sg = g.sequences, K = g.keys;
+      std::vector<int64_t> toks(static_cast<size_t>(Sg * Q)), ks(static_cast<size_t>(Sg * K), 0);
+      std::vector<uint8_t> may(static_cast<size_t>(Sg * Q * K), 0);
+      for (int64_t i = 0; i < Sg; ++i) {
+        const auto s = members[static_cast<size_t>(i)];
+        const auto k = context_lens[static_cast<size_t>(s)];
+        for (int64_t key = 0; key < k; ++key) ks[static_cast<size_t>(i * K + key)] = slot_of(s, key);
+        for (int64_t j = 0; j < Q; ++j) {
+          toks[static_cast<size_t>(i * Q + j)] = first[static_cast<size_t>(s)] + j;
+          const auto pos = k - Q + j;
+          const auto lo = sliding_window ? std::max<int64_t>(0, pos - *sliding_window + 1) : 0;
+          std::fill(may.begin() + static_cast<std::ptrdiff_t>((i * Q + j) * K + lo),
+                    may.begin() + static_cast<std::ptrdiff_t>((i * Q + j) * K + pos + 1), uint8_t{1});
+        }
+      }
+      g.tokens = at::from_blob(toks.data(), {Sg * Q}, i64).clone().to(device);
+      g.key_slots = at::from_blob(ks.data(), {Sg * K}, i64).clone().to(device);
+      g.mask = at::from_blob(may.data(), {Sg, 1, Q, K}, at::TensorOptions().dtype(at::kByte)).clone().to(device).to(at::kBool);
+      m.groups.push_back(std::move(g));
+    };
+    if (!decodes.empty()) add_group(decodes, 1);
+    for (int64_t s = 0; s < S; ++s) {
+      const auto q = query_lens[static_cast<size_t>(s)];
+      if (q > 1) add_group({s}, q);
+    }
     return m;
   }
 
@@ -131,18 +153,25 @@ constexpr bool paged_decode_kernel_covers(int64_t heads, int64_t kv_heads, int64
 /// (H a multiple of Hkv) → [T, H, D]. Any device.
 inline at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                             const PagedAttentionMetadata& m, double scale) {
-  const auto S = m.num_sequences(), Q = m.max_query_len, K = m.max_context_len;
+  HYBRIDRL_CHECK(!m.groups.empty() || m.num_tokens == 0,
+                 "paged_attention_reference: the metadata has no reference groups",
+                 "build it with PagedAttentionMetadata::make (a CUDA graph's decode metadata serves the kernel only)");
   const auto H = q.size(1), D = q.size(2), Hkv = key_cache.size(2);
   const auto slots = key_cache.size(0) * key_cache.size(1);
-  auto k = key_cache.view({slots, Hkv, D}).index_select(0, m.key_slots).view({S, K, Hkv, D}).permute({0, 2, 1, 3});
-  auto v = value_cache.view({slots, Hkv, D}).index_select(0, m.key_slots).view({S, K, Hkv, D}).permute({0, 2, 1, 3});
-  if (H != Hkv) {
-    k = k.repeat_interleave(H / Hkv, 1);
-    v = v.repeat_interleave(H / Hkv, 1);
+  auto out = at::empty({m.num_tokens, H, D}, q.options());
+  for (const auto& g : m.groups) {
+    const auto S = g.sequences, Q = g.queries, K = g.keys;
+    auto k = key_cache.view({slots, Hkv, D}).index_select(0, g.key_slots).view({S, K, Hkv, D}).permute({0, 2, 1, 3});
+    auto v = value_cache.view({slots, Hkv, D}).index_select(0, g.key_slots).view({S, K, Hkv, D}).permute({0, 2, 1, 3});
+    if (H != Hkv) {
+      k = k.repeat_interleave(H / Hkv, 1);
+      v = v.repeat_interleave(H / Hkv, 1);
+    }
+    auto qq = q.index_select(0, g.tokens).view({S, Q, H, D}).permute({0, 2, 1, 3});
+    auto o = scaled_dot_product_attention(qq, k, v, g.mask, false, scale);  // [S, H, Q, D]
+    out.index_copy_(0, g.tokens, o.permute({0, 2, 1, 3}).reshape({S * Q, H, D}));
   }
-  auto qq = q.index_select(0, m.query_rows).view({S, Q, H, D}).permute({0, 2, 1, 3});
-  auto o = scaled_dot_product_attention(qq, k, v, m.mask, false, scale);  // [S, H, Q, D]
-  return o.permute({0, 2, 1, 3}).reshape({S * Q, H, D}).index_select(0, m.token_rows);
+  return out;
 }
 
 /// Attention of `q` [T, H, D] over the paged caches [num_blocks, block_size, Hkv, D] under `m`

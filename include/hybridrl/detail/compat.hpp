@@ -132,3 +132,27 @@ class AutocastGuard {
 };
 
 }  // namespace hybridrl::detail::compat
+
+// ---- torch::optim state keys ---------------------------------------------------------------------
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+namespace hybridrl::detail::compat {
+
+/// The key of parameter `p` in a torch::optim optimizer's state map `Map`: LibTorch 1.13 keys it
+/// by the printed address of the parameter's TensorImpl (a string), later versions may key it by
+/// the address itself; the map's key_type decides.
+template <class Map>
+typename Map::key_type optimizer_state_key(const at::Tensor& p) {
+  using K = typename Map::key_type;
+  if constexpr (std::is_same_v<K, std::string>) {
+    std::ostringstream os;
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return reinterpret_cast<K>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace hybridrl::detail::compat

@@ -350,7 +350,6 @@ class PagedEngine {
   SamplingOptions graph_sampling_;
   decltype(at::cuda::graph_pool_handle()) graph_pool_{0, 0};
 #endif
-  bool graphs_broken_ = false;
 
   void drop_graphs() {
 #if HYBRIDRL_PAGED_CUDA_GRAPHS
@@ -367,7 +366,7 @@ class PagedEngine {
                   std::vector<GeneratedSequence>& seqs, const SamplingOptions& s, const StopRule& rule) {
 #if HYBRIDRL_PAGED_CUDA_GRAPHS
     const auto& c = model_->config();
-    if (!device_.is_cuda() || !options_.cuda_graphs() || graphs_broken_ ||
+    if (!device_.is_cuda() || !options_.cuda_graphs() ||
         !paged_decode_kernel_covers(c.num_attention_heads, c.num_key_value_heads, c.head_dim)) {
       return false;
     }
@@ -395,10 +394,11 @@ class PagedEngine {
     if (g == nullptr) {
       try {
         graphs_.push_back(capture_decode(rows, width, s));
-      } catch (const std::exception&) {
-        graphs_broken_ = true;  // the eager step still works; the stats show no graph steps
+      } catch (const std::exception& e) {
         drop_graphs();
-        return false;
+        throw Error(fmt::format("Rollout<Paged>: capturing the decode step for {} rows in a CUDA graph failed: {}", rows,
+                                e.what()),
+                    "set rollout.cuda_graphs=false to decode eagerly, and report this with the model's config");
       }
       g = graphs_.back().get();
     }

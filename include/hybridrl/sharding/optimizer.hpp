@@ -1,0 +1,230 @@
+#pragma once
+/// \file
+/// The optimizer every Sharding engine steps with: AdamW (LibTorch's, decoupled weight decay) under
+/// a learning-rate schedule with warm-up (constant, linear or cosine, as transformers'
+/// get_*_schedule_with_warmup and verl's), gradient clipping by global norm, and a step that is
+/// skipped, not taken, when the gradients are not finite. Its state (AdamW moments and step
+/// counts, the schedule position, the skipped-step count) round-trips through a StateDict, so a
+/// resumed run continues bit for bit.
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <type_traits>
+#include <memory>
+#include <numbers>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/options.hpp"
+#include "hybridrl/detail/compat.hpp"
+
+namespace hybridrl {
+
+/// How the learning rate moves after warm-up.
+enum class LRSchedule { constant, linear, cosine };
+HYBRIDRL_ENUM_NAMES(LRSchedule, constant, linear, cosine);
+
+/// AdamW, its learning-rate schedule and gradient clipping.
+struct OptimizerOptions {
+  /// Peak learning rate (after warm-up).
+  HYBRIDRL_ARG(double, lr) = 1e-6;
+  HYBRIDRL_ARG(double, beta1) = 0.9;
+  HYBRIDRL_ARG(double, beta2) = 0.999;
+  HYBRIDRL_ARG(double, eps) = 1e-8;
+  /// Decoupled weight decay (AdamW): each step multiplies the parameters by 1 - lr * weight_decay.
+  HYBRIDRL_ARG(double, weight_decay) = 0.01;
+  /// Clip the gradients to this global L2 norm; 0 = no clipping (the norm is still reported).
+  HYBRIDRL_ARG(double, max_grad_norm) = 1.0;
+  /// constant, linear (to min_lr_ratio at the last step) or cosine (half a period to min_lr_ratio).
+  HYBRIDRL_ARG(LRSchedule, schedule) = LRSchedule::constant;
+  /// Steps of linear warm-up from 0 to lr.
+  HYBRIDRL_ARG(int64_t, warmup_steps) = 0;
+  /// Floor of the linear and cosine schedules, as a fraction of lr.
+  HYBRIDRL_ARG(double, min_lr_ratio) = 0.0;
+
+  HYBRIDRL_FIELDS(lr, beta1, beta2, eps, weight_decay, max_grad_norm, schedule, warmup_steps, min_lr_ratio)
+
+  /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
+  void validate() const {
+    HYBRIDRL_CHECK(std::isfinite(lr_) && lr_ > 0.0, fmt::format("lr = {} is not a positive number", lr_),
+                   "use a learning rate such as 1e-6 (RL) or 1e-5 (SFT)");
+    HYBRIDRL_CHECK(beta1_ >= 0.0 && beta1_ < 1.0, fmt::format("beta1 = {} is outside [0, 1)", beta1_), "use 0.9");
+    HYBRIDRL_CHECK(beta2_ >= 0.0 && beta2_ < 1.0, fmt::format("beta2 = {} is outside [0, 1)", beta2_),
+                   "use 0.999 (or 0.95 for long runs)");
+    HYBRIDRL_CHECK(eps_ > 0.0, fmt::format("eps = {} is not positive", eps_), "use 1e-8");
+    HYBRIDRL_CHECK(weight_decay_ >= 0.0, fmt::format("weight_decay = {} is negative", weight_decay_),
+                   "use 0 (none) or a small decay such as 0.01");
+    HYBRIDRL_CHECK(max_grad_norm_ >= 0.0, fmt::format("max_grad_norm = {} is negative", max_grad_norm_),
+                   "use 0 (no clipping) or a norm such as 1.0");
+    HYBRIDRL_CHECK(warmup_steps_ >= 0, fmt::format("warmup_steps = {} is negative", warmup_steps_),
+                   "use 0 (no warm-up) or a step count");
+    HYBRIDRL_CHECK(min_lr_ratio_ >= 0.0 && min_lr_ratio_ <= 1.0,
+                   fmt::format("min_lr_ratio = {} is outside [0, 1]", min_lr_ratio_),
+                   "use 0 (decay to zero) or a fraction such as 0.1");
+  }
+};
+
+/// The learning-rate multiplier for optimizer step `step` (0-based) of `total_steps`: `step /
+/// warmup_steps` during warm-up, then 1 (constant), or a linear or half-cosine decay from 1 at the
+/// end of warm-up to min_lr_ratio at `total_steps` (held there after).
+inline double lr_factor(const OptimizerOptions& o, int64_t step, int64_t total_steps) {
+  const auto w = o.warmup_steps();
+  if (step < w) return static_cast<double>(step) / static_cast<double>(w);
+  if (o.schedule() == LRSchedule::constant) return 1.0;
+  const auto span = std::max<int64_t>(1, total_steps - w);
+  const double progress = std::min(1.0, static_cast<double>(step - w) / static_cast<double>(span));
+  const double shape = o.schedule() == LRSchedule::linear ? 1.0 - progress
+                                                          : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return o.min_lr_ratio() + (1.0 - o.min_lr_ratio()) * shape;
+}
+
+/// The global L2 norm of the gradients of `params` (0-d float32, float64 for float64 gradients, on their device; parameters
+/// without a gradient are skipped), and, when `max_norm` > 0, the gradients scaled in place by
+/// min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does. No host
+/// synchronisation. A non-finite norm leaves the gradients as they are.
+inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (grads.empty()) return at::zeros({}, at::kFloat);
+  // accumulate in float32, or in float64 when a gradient is (half and bf16 gradients: float32)
+  auto acc = at::kFloat;
+  for (const auto& g : grads) {
+    if (g.scalar_type() == at::kDouble) acc = at::kDouble;
+  }
+  std::vector<at::Tensor> squares;
+  squares.reserve(grads.size());
+  for (const auto& g : grads) squares.push_back(g.to(acc).pow(2).sum());
+  auto norm = at::stack(squares).sum().sqrt();
+  if (max_norm > 0.0) {
+    // finite: min(1, max / (norm + 1e-6)); not finite: 1 (the step is skipped anyway)
+    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
+    for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
+  }
+  return norm;
+}
+
+/// AdamW over a fixed list of parameters, with the schedule, clipping and non-finite skip of
+/// OptimizerOptions. `step()` is called once per optimizer step, after the micro-batches'
+/// backward passes have accumulated their gradients.
+class Optimizer {
+ public:
+  /// An optimizer for `params` (in order: their position names them in the state) over a run of
+  /// `total_steps` optimizer steps (the schedule's length).
+  Optimizer(std::vector<at::Tensor> params, OptimizerOptions options, int64_t total_steps)
+      : params_(std::move(params)), options_(options), total_steps_(total_steps) {
+    options_.validate();
+    HYBRIDRL_CHECK(total_steps_ >= 1, fmt::format("Optimizer: total_steps = {} is below 1", total_steps_),
+                   "give the run's number of optimizer steps (trainer.total_steps x updates per step)");
+    adam_ = std::make_unique<torch::optim::AdamW>(
+        params_, torch::optim::AdamWOptions(options_.lr() * lr_factor(options_, 0, total_steps_))
+                     .betas({options_.beta1(), options_.beta2()})
+                     .eps(options_.eps())
+                     .weight_decay(options_.weight_decay()));
+  }
+
+  /// What one step did.
+  struct Result {
+    at::Tensor grad_norm;  ///< 0-d, before clipping
+    double lr = 0.0;       ///< the learning rate it applied (or would have)
+    bool skipped = false;  ///< the gradients were not finite: nothing was applied
+  };
+
+  /// Clips, then applies AdamW at the schedule's learning rate for this step, and zeroes the
+  /// gradients. When the gradient norm is not finite (NaN or inf, e.g. from NaN rewards or an
+  /// overflow) the parameters and the AdamW state are left untouched and the step is counted as
+  /// skipped; the schedule still advances (it counts optimizer steps of the run). One host
+  /// synchronisation: reading whether the norm is finite.
+  Result step() {
+    Result r;
+    r.lr = options_.lr() * lr_factor(options_, step_, total_steps_);
+    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm());
+    r.skipped = !r.grad_norm.isfinite().item<bool>();
+    if (!r.skipped) {
+      for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
+      adam_->step();
+    } else {
+      ++skipped_;
+    }
+    adam_->zero_grad();
+    ++step_;
+    return r;
+  }
+
+  /// Optimizer steps taken (skipped ones included).
+  [[nodiscard]] int64_t steps() const noexcept { return step_; }
+  /// Steps skipped because the gradients were not finite.
+  [[nodiscard]] int64_t skipped() const noexcept { return skipped_; }
+  /// The learning rate the next step will apply.
+  [[nodiscard]] double next_lr() const { return options_.lr() * lr_factor(options_, step_, total_steps_); }
+  [[nodiscard]] const OptimizerOptions& options() const noexcept { return options_; }
+
+  /// The state under `prefix`: `<prefix>step`, `<prefix>skipped`, and per parameter i
+  /// `<prefix><i>.exp_avg`, `.exp_avg_sq`, `.step` (parameters never stepped have none).
+  [[nodiscard]] std::map<std::string, at::Tensor> state_dict(const std::string& prefix = "optimizer.") const {
+    std::map<std::string, at::Tensor> out;
+    out[prefix + "step"] = at::scalar_tensor(step_, at::kLong);
+    out[prefix + "skipped"] = at::scalar_tensor(skipped_, at::kLong);
+    const auto& state = adam_->state();
+    using Map = std::decay_t<decltype(state)>;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto it = state.find(detail::compat::optimizer_state_key<Map>(params_[i]));
+      if (it == state.end()) continue;
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      const auto key = prefix + std::to_string(i) + ".";
+      out[key + "exp_avg"] = s.exp_avg().detach().clone();
+      out[key + "exp_avg_sq"] = s.exp_avg_sq().detach().clone();
+      out[key + "step"] = at::scalar_tensor(static_cast<int64_t>(s.step()), at::kLong);
+    }
+    return out;
+  }
+
+  /// Restores what state_dict wrote (the same parameters, in the same order).
+  void load_state_dict(const std::map<std::string, at::Tensor>& in, const std::string& prefix = "optimizer.") {
+    auto get = [&](const std::string& k) -> const at::Tensor& {
+      auto it = in.find(k);
+      HYBRIDRL_CHECK(it != in.end(), fmt::format("Optimizer.load_state_dict: the state has no '{}'", k),
+                     "load a state written by Optimizer::state_dict for the same parameters");
+      return it->second;
+    };
+    step_ = get(prefix + "step").item<int64_t>();
+    skipped_ = get(prefix + "skipped").item<int64_t>();
+    auto& state = adam_->state();
+    state.clear();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto key = prefix + std::to_string(i) + ".";
+      if (in.count(key + "exp_avg") == 0) continue;
+      const auto& m = get(key + "exp_avg");
+      HYBRIDRL_CHECK(m.sizes() == params_[i].sizes(),
+                     fmt::format("Optimizer.load_state_dict: '{}exp_avg' has shape [{}], parameter {} [{}]", key,
+                                 fmt::join(m.sizes(), ", "), i, fmt::join(params_[i].sizes(), ", ")),
+                     "load a state written for the same model");
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(get(key + "step").item<int64_t>());
+      s->exp_avg(m.to(params_[i].options()).clone());
+      s->exp_avg_sq(get(key + "exp_avg_sq").to(params_[i].options()).clone());
+      state[detail::compat::optimizer_state_key<std::decay_t<decltype(state)>>(params_[i])] = std::move(s);
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> params_;
+  OptimizerOptions options_;
+  int64_t total_steps_;
+  std::unique_ptr<torch::optim::AdamW> adam_;
+  int64_t step_ = 0, skipped_ = 0;
+};
+
+}  // namespace hybridrl
