@@ -199,11 +199,11 @@ class Optimizer {
                      "load a state written by Optimizer::state_dict for the same parameters");
       return it->second;
     };
-    step_ = get(prefix + "step").item<int64_t>();
-    skipped_ = get(prefix + "skipped").item<int64_t>();
+    const auto step = get(prefix + "step").item<int64_t>(), skipped = get(prefix + "skipped").item<int64_t>();
     auto& state = adam_->state();
-    state.clear();
-    for (size_t i = 0; i < params_.size(); ++i) {
+    using Map = std::decay_t<decltype(state)>;
+    std::vector<std::pair<typename Map::key_type, std::unique_ptr<torch::optim::AdamWParamState>>> fresh;
+    for (size_t i = 0; i < params_.size(); ++i) {  // everything read and checked before anything changes
       const auto key = prefix + std::to_string(i) + ".";
       if (in.count(key + "exp_avg") == 0) continue;
       const auto& m = get(key + "exp_avg");
@@ -215,8 +215,12 @@ class Optimizer {
       s->step(get(key + "step").item<int64_t>());
       s->exp_avg(m.to(params_[i].options()).clone());
       s->exp_avg_sq(get(key + "exp_avg_sq").to(params_[i].options()).clone());
-      state[detail::compat::optimizer_state_key<std::decay_t<decltype(state)>>(params_[i])] = std::move(s);
+      fresh.emplace_back(detail::compat::optimizer_state_key<Map>(params_[i]), std::move(s));
     }
+    state.clear();
+    for (auto& [k, s] : fresh) state[k] = std::move(s);
+    step_ = step;
+    skipped_ = skipped;
   }
 
  private:
