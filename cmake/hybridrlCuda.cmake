@@ -24,7 +24,14 @@ macro(hybridrl_add_cuda_kernels)
     target_compile_features(hybridrl_cuda PRIVATE cuda_std_17)
     set_target_properties(hybridrl_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON)
     if(NOT CMAKE_CUDA_ARCHITECTURES)
-      set_target_properties(hybridrl_cuda PROPERTIES CUDA_ARCHITECTURES native)
+      # LibTorch 2.x's CMake config sets CMAKE_CUDA_ARCHITECTURES to OFF (it reads
+      # TORCH_CUDA_ARCH_LIST instead): an architecture given with -DCMAKE_CUDA_ARCHITECTURES is
+      # still in the cache and wins; else the GPUs of this machine.
+      if(DEFINED CACHE{CMAKE_CUDA_ARCHITECTURES} AND "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+        set_target_properties(hybridrl_cuda PROPERTIES CUDA_ARCHITECTURES "$CACHE{CMAKE_CUDA_ARCHITECTURES}")
+      else()
+        set_target_properties(hybridrl_cuda PROPERTIES CUDA_ARCHITECTURES native)
+      endif()
     endif()
     target_compile_definitions(hybridrl_cuda INTERFACE HYBRIDRL_HAS_CUDA_KERNELS=1)
   endif()
