@@ -29,6 +29,7 @@ using hybridrl::testing::contains;
 using hybridrl::testing::error_of;
 using hybridrl::testing::greedy_by_recompute;
 using hybridrl::testing::kRolloutModels;
+using hybridrl::testing::max_rollout_log_prob_error;
 using hybridrl::testing::prompt_batch;
 using hybridrl::testing::row_tokens;
 
@@ -171,16 +172,7 @@ TEST_SUITE("rollout/paged") {
       CAPTURE(T);
       const auto s = SamplingOptions{}.temperature(T).top_p(0.9).max_new_tokens(9).ignore_eos(true).seed(3);
       auto out = engine.generate(prompt_batch(paged_prompts()), s);
-      c10::NoGradGuard g;
-      auto lp = token_log_probs(m, out.tensor(keys::input_ids),
-                                ForwardArgs{}.attention_mask(out.tensor(keys::attention_mask))
-                                    .position_ids(out.tensor(keys::position_ids)),
-                                LogProbOptions{}.temperature(T == 0.0 ? 1.0 : T))
-                    .log_probs;
-      const auto P = out.tensor(keys::prompts).size(1);
-      auto resp_lp = lp.narrow(1, P, lp.size(1) - P);
-      auto mask = out.tensor(keys::response_mask).to(at::kBool);
-      CHECK((resp_lp - out.tensor(keys::rollout_log_probs)).abs().masked_select(mask).max().item<double>() <= 1e-5);
+      CHECK(max_rollout_log_prob_error(m, out, T) <= 1e-5);
     }
   }
 

@@ -2,6 +2,7 @@
 // Test support for the rollout suite: the fixture models' directory, prompt batches, greedy
 // decoding by full recompute (the oracle of both engines) and a row's response tokens.
 #include <hybridrl/model/causal_lm.hpp>
+#include <hybridrl/model/log_probs.hpp>
 #include <hybridrl/rollout/generation.hpp>
 
 #include <ATen/ATen.h>
@@ -40,5 +41,19 @@ inline std::vector<int64_t> row_tokens(const TensorBatch& out, int64_t row) {
     if (m[t].item<int64_t>() == 1) v.push_back(r[t].item<int64_t>());
   }
   return v;
+}
+// The largest gap between a rollout's returned log-probs and the model's own log-probs of the
+// drawn tokens (token_log_probs at the sampling temperature, T = 1 for greedy).
+inline double max_rollout_log_prob_error(CausalLM m, const TensorBatch& out, double T) {
+  c10::NoGradGuard g;
+  auto lp = token_log_probs(m, out.tensor(keys::input_ids),
+                            ForwardArgs{}.attention_mask(out.tensor(keys::attention_mask))
+                                .position_ids(out.tensor(keys::position_ids)),
+                            LogProbOptions{}.temperature(T == 0.0 ? 1.0 : T))
+                .log_probs;
+  const auto P = out.tensor(keys::prompts).size(1);
+  auto resp_lp = lp.narrow(1, P, lp.size(1) - P);
+  auto mask = out.tensor(keys::response_mask).to(at::kBool);
+  return (resp_lp - out.tensor(keys::rollout_log_probs)).abs().masked_select(mask).max().item<double>();
 }
 }  // namespace hybridrl::testing

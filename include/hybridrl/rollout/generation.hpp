@@ -5,7 +5,9 @@
 /// rollout keys (rollout/concepts.hpp: rollout_output_keys).
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -17,9 +19,11 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/rollout/sampler.hpp"
 #include "hybridrl/rollout/sampling.hpp"
+#include "hybridrl/sharding/weights.hpp"
 
 namespace hybridrl {
 
@@ -249,6 +253,32 @@ inline TensorBatch rollout_batch(const TensorBatch& source, const std::vector<Ge
       .set(keys::position_ids, (mask.cumsum(1) - 1).clamp_min(0))
       .set(keys::group_ids, groups);
   return out;
+}
+
+/// A randomly initialised model for `c` on `device` in `dtype`, without gradients: what an engine
+/// made from a config generates with once load_weights has filled it.
+inline CausalLM inference_model(const ModelConfig& c, at::Device device, at::ScalarType dtype) {
+  CausalLM m(c);
+  m->to(device, dtype);
+  for (auto& p : m->parameters()) p.requires_grad_(false);
+  return m;
+}
+
+/// Copies a bucket of named tensors (Hugging Face names, full shapes) into `model`'s parameters in
+/// place; `engine` names the caller in errors (an unknown name, a shape that differs).
+inline void load_named_weights(CausalLM& model, const WeightBucket& bucket, std::string_view engine) {
+  auto params = model->named_parameters();
+  c10::NoGradGuard no_grad;
+  for (const auto& t : bucket) {
+    auto* p = params.find(t.name);
+    HYBRIDRL_CHECK(p != nullptr, fmt::format("{}.load_weights: the model has no parameter '{}'", engine, t.name),
+                   "export weights from a model of the same config (Hugging Face names)");
+    HYBRIDRL_CHECK(p->sizes() == t.tensor.sizes(),
+                   fmt::format("{}.load_weights: '{}' has shape [{}], the engine's [{}]", engine, t.name,
+                               fmt::join(t.tensor.sizes(), ", "), fmt::join(p->sizes(), ", ")),
+                   "export full weights (WeightSpec tp_size 1) of a model of the same config");
+    p->copy_(t.tensor);
+  }
 }
 
 }  // namespace hybridrl

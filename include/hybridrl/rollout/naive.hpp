@@ -70,10 +70,7 @@ class NaiveEngine {
   /// with load_weights (the trainer's export) before generating.
   static NaiveEngine make(const ModelConfig& c, const NaiveOptions& options, at::Device device = at::kCPU,
                           at::ScalarType dtype = at::kFloat) {
-    CausalLM m(c);
-    m->to(device, dtype);
-    for (auto& p : m->parameters()) p.requires_grad_(false);
-    return NaiveEngine(std::move(m), options);
+    return NaiveEngine(inference_model(c, device, dtype), options);
   }
 
   /// Generates responses for `prompts` with the engine's sampling options.
@@ -115,19 +112,9 @@ class NaiveEngine {
 
   /// Copies a bucket of named tensors (Hugging Face names, full shapes) into the model's parameters.
   void load_weights(const WeightBucket& bucket) {
-    auto params = model_->named_parameters();
-    c10::NoGradGuard no_grad;
-    for (const auto& t : bucket) {
-      auto* p = params.find(t.name);
-      HYBRIDRL_CHECK(p != nullptr, fmt::format("Rollout<Naive>.load_weights: the model has no parameter '{}'", t.name),
-                     "export weights from a model of the same config (Hugging Face names)");
-      HYBRIDRL_CHECK(p->sizes() == t.tensor.sizes(),
-                     fmt::format("Rollout<Naive>.load_weights: '{}' has shape [{}], the engine's [{}]", t.name,
-                                 fmt::join(t.tensor.sizes(), ", "), fmt::join(p->sizes(), ", ")),
-                     "export full weights (WeightSpec tp_size 1) of a model of the same config");
-      p->copy_(t.tensor);
-    }
+    load_named_weights(model_, bucket, "Rollout<Naive>");
   }
+
 
   /// Rollout<Naive> allocates its cache per call and frees it at the end, so releasing holds
   /// nothing back; generate() refuses to run until resume_memory(), as the Paged engine does.

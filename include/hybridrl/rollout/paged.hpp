@@ -124,10 +124,7 @@ class PagedEngine {
   /// with load_weights (the trainer's export) before generating.
   static PagedEngine make(const ModelConfig& c, const PagedOptions& options, at::Device device = at::kCPU,
                           at::ScalarType dtype = at::kFloat) {
-    CausalLM m(c);
-    m->to(device, dtype);
-    for (auto& p : m->parameters()) p.requires_grad_(false);
-    return PagedEngine(std::move(m), options);
+    return PagedEngine(inference_model(c, device, dtype), options);
   }
 
   /// Generates responses for `prompts` with the engine's sampling options.
@@ -248,20 +245,10 @@ class PagedEngine {
   /// parameters in place (the KV pool stays), and forgets the prefix cache: its keys and values
   /// came from the old weights.
   void load_weights(const WeightBucket& bucket) {
-    auto params = model_->named_parameters();
-    c10::NoGradGuard no_grad;
-    for (const auto& t : bucket) {
-      auto* p = params.find(t.name);
-      HYBRIDRL_CHECK(p != nullptr, fmt::format("Rollout<Paged>.load_weights: the model has no parameter '{}'", t.name),
-                     "export weights from a model of the same config (Hugging Face names)");
-      HYBRIDRL_CHECK(p->sizes() == t.tensor.sizes(),
-                     fmt::format("Rollout<Paged>.load_weights: '{}' has shape [{}], the engine's [{}]", t.name,
-                                 fmt::join(t.tensor.sizes(), ", "), fmt::join(p->sizes(), ", ")),
-                     "export full weights (WeightSpec tp_size 1) of a model of the same config");
-      p->copy_(t.tensor);
-    }
+    load_named_weights(model_, bucket, "Rollout<Paged>");
     pool_.reset_prefix_cache();
   }
+
 
   /// Frees the KV pool (for the update phase); generate() refuses to run until resume_memory().
   void release_memory() {
