@@ -1,6 +1,6 @@
 // The paged decode kernel (src/cuda/paged_attention.cu) against the reference path
 // (paged_attention_reference, computed in fp32 from the same cache contents): head sizes 64 and
-// 128, group sizes 1 to 8, contexts from 1 token to several thousand (one split and many), a
+// 128, group sizes 1, 3, 4, 7 and 8, contexts from 1 token to several thousand (one split and many), a
 // sliding window, fp32 / fp16 / bf16; shapes the kernel does not cover fall back to the reference.
 // Runs where a CUDA device and hybridrl::cuda exist; elsewhere it says so.
 #include <hybridrl/cuda/paged_attention.hpp>
