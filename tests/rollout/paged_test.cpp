@@ -408,6 +408,12 @@ TEST_SUITE("rollout/paged_attention") {
         }
       }
     }
+    // without the reference groups (a step the decode kernel serves) the reference refuses, naming why
+    const auto bare = PagedAttentionMetadata::make({{13}}, {1}, {3}, bs, {}, at::kCPU, false);
+    CHECK(bare.groups.empty());
+    CHECK(bare.slot_mapping.size(0) == 1);
+    CHECK(contains(error_of([&] { paged_attention_reference(at::zeros({1, H, D}), kc, vc, bare, 0.3); }),
+                   "the metadata has no reference groups"));
     CHECK(contains(error_of([&] { PagedAttentionMetadata::make({{1}}, {2}, {5}, bs, {}, at::kCPU); }),
                    "sequence 0 has 2 queries, 5 context tokens and 1 blocks"));
   }

@@ -57,9 +57,13 @@ struct PagedAttentionMetadata {
 
   /// Metadata of a step: sequence s has block table `tables[s]`, `query_lens[s]` new tokens and
   /// `context_lens[s]` tokens in the cache counting them, in a cache of `block_size`-token blocks.
+  /// `with_reference` false skips the reference path's groups (their key slots and masks cost
+  /// ~4 ms of host work per decode step at 256 sequences): for a step the decode kernel serves
+  /// (paged_decode_kernel_covers, CUDA, one query per sequence).
   static PagedAttentionMetadata make(const std::vector<std::vector<int32_t>>& tables,
                                      const std::vector<int64_t>& query_lens, const std::vector<int64_t>& context_lens,
-                                     int64_t block_size, std::optional<int64_t> sliding_window, at::Device device) {
+                                     int64_t block_size, std::optional<int64_t> sliding_window, at::Device device,
+                                     bool with_reference = true) {
     const auto S = static_cast<int64_t>(tables.size());
     HYBRIDRL_CHECK(S >= 1 && query_lens.size() == tables.size() && context_lens.size() == tables.size(),
                    fmt::format("PagedAttentionMetadata: {} block tables, {} query lengths, {} context lengths", S,
@@ -101,6 +105,7 @@ struct PagedAttentionMetadata {
     m.block_tables = at::from_blob(bt.data(), {S, static_cast<int64_t>(max_blocks)}, i32).clone().to(device);
     m.context_lens = at::from_blob(cl.data(), {S}, i32).clone().to(device);
     m.slot_mapping = at::from_blob(slots.data(), {m.num_tokens}, i64).clone().to(device);
+    if (!with_reference) return m;
     // the reference path's groups
     std::vector<int64_t> decodes;
     for (int64_t s = 0; s < S; ++s) {

@@ -192,7 +192,14 @@ class PagedEngine {
         qlens.push_back(ch.count);
         ctx.push_back(ch.start + ch.count);
       }
-      const auto meta = PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_);
+      // a decode step the CUDA kernel serves needs none of the reference path's gathers
+      bool decode_only = true;
+      for (auto q : qlens) decode_only = decode_only && q == 1;
+      const bool kernel = HYBRIDRL_PAGED_CUDA_GRAPHS && device_.is_cuda() && decode_only &&
+                          (dtype_ == at::kFloat || dtype_ == at::kHalf || dtype_ == at::kBFloat16) &&
+                          paged_decode_kernel_covers(c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+      const auto meta =
+          PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_, !kernel);
       auto fn = [this, &meta, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         auto kc = kv_[layer][0];
         auto vc = kv_[layer][1];
