@@ -145,19 +145,24 @@ int bench_kernel() {
       const double bytes = 2.0 * static_cast<double>(B * L * sh.Hkv * sh.D) * 2.0;
       for (int i = 0; i < 10; ++i) paged_attention(q, kc, vc, meta, scale);
       const double ours = seconds_of([&] { paged_attention(q, kc, vc, meta, scale); }, dev, 100);
-      // the split count the heuristic chose against others, for tuning (the GPU speed issue)
+      // the split count and pipeline depth the heuristics chose against others, for tuning:
+      // "splits/stages": microseconds
       std::string sweep;
       for (int64_t sp : {1, 2, 4, 8}) {
-        auto out = at::empty_like(q);
-        auto ws = at::empty({B * sh.H * sp * (sh.D + 2)}, q.options().dtype(at::kFloat));
-        auto launch = [&] {
-          cuda::launch_paged_decode_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), meta.block_tables.data_ptr<int32_t>(),
-                                              meta.context_lens.data_ptr<int32_t>(), out.data_ptr(), B, sh.H, sh.Hkv, sh.D, bs,
-                                              L / bs, sp, 0, static_cast<float>(scale), cuda::KernelDtype::bf16,
-                                              ws.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
-        };
-        for (int i = 0; i < 5; ++i) launch();
-        sweep += fmt::format("{}\"{}\": {:.1f}", sweep.empty() ? "" : ", ", sp, seconds_of(launch, dev, 50) * 1e6);
+        for (int stages : {2, 3}) {
+          auto out = at::empty_like(q);
+          auto ws = at::empty({B * sh.H * sp * (sh.D + 2)}, q.options().dtype(at::kFloat));
+          auto launch = [&] {
+            cuda::launch_paged_decode_attention(q.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                                meta.block_tables.data_ptr<int32_t>(), meta.context_lens.data_ptr<int32_t>(),
+                                                out.data_ptr(), B, sh.H, sh.Hkv, sh.D, bs, L / bs, sp, 0,
+                                                static_cast<float>(scale), cuda::KernelDtype::bf16, ws.data_ptr<float>(),
+                                                at::cuda::getCurrentCUDAStream().stream(), stages);
+          };
+          for (int i = 0; i < 5; ++i) launch();
+          sweep += fmt::format("{}\"{}/{}\": {:.1f}", sweep.empty() ? "" : ", ", sp, stages,
+                               seconds_of(launch, dev, 50) * 1e6);
+        }
       }
       double peer = 0.0;
 #if HYBRIDRL_HAS_SDPA_GQA
@@ -170,13 +175,45 @@ int bench_kernel() {
 #endif
       std::printf("{\"bench\": \"paged_decode_kernel\", \"batch\": %lld, \"heads\": %lld, \"kv_heads\": %lld, "
                   "\"head_dim\": %lld, \"context\": %lld, \"us\": %.1f, \"TB_per_s\": %.2f, \"splits\": %lld, "
-                  "\"dense_sdpa_us\": %.1f, \"dense_sdpa_TB_per_s\": %.2f, \"us_by_splits\": {%s}}\n",
+                  "\"dense_sdpa_us\": %.1f, \"dense_sdpa_TB_per_s\": %.2f, \"us_by_splits_stages\": {%s}}\n",
                   static_cast<long long>(B), static_cast<long long>(sh.H), static_cast<long long>(sh.Hkv),
                   static_cast<long long>(sh.D), static_cast<long long>(L), ours * 1e6, bytes / ours / 1e12,
                   static_cast<long long>(cuda::paged_decode_splits(B, sh.Hkv, L / bs, bs)), peer * 1e6,
                   peer > 0 ? bytes / peer / 1e12 : 0.0, sweep.c_str());
       std::fflush(stdout);
     }
+  }
+  // prefill attention of one layer (the 1b shape, 128-token prompts): the varlen path over the
+  // step's own keys (fresh prompts) and over keys gathered from the blocks (a prompt after a cached
+  // prefix takes this), against the reference path (gathers + masked SDPA); metadata included
+  for (int64_t B : {64, 256}) {
+    const int64_t P = 128, H = 32, Hkv = 4, D = 64;
+    auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+    const auto blocks = B * P / bs;
+    auto kc = at::randn({blocks, bs, Hkv, D}, opt), vc = at::randn({blocks, bs, Hkv, D}, opt);
+    auto q = at::randn({B * P, H, D}, opt), ks = at::randn({B * P, Hkv, D}, opt), vs = at::randn({B * P, Hkv, D}, opt);
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < P / bs; ++j) tables[static_cast<size_t>(b)].push_back(static_cast<int32_t>(b * (P / bs) + j));
+    }
+    const std::vector<int64_t> lens(static_cast<size_t>(B), P);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    auto run = [&](PagedAttentionPath path, bool own) {
+      const auto m = PagedAttentionMetadata::make(tables, lens, lens, bs, {}, dev, path);
+      if (own) return paged_attention(q, kc, vc, m, scale, ks, vs);
+      return paged_attention(q, kc, vc, m, scale);
+    };
+    double t[3];
+    int i = 0;
+    for (auto [path, own] : {std::pair{PagedAttentionPath::varlen, true}, std::pair{PagedAttentionPath::varlen, false},
+                             std::pair{PagedAttentionPath::reference, false}}) {
+      for (int w = 0; w < 3; ++w) run(path, own);
+      t[i++] = seconds_of([&] { run(path, own); }, dev, 20);
+    }
+    std::printf("{\"bench\": \"prefill_attention\", \"batch\": %lld, \"prompt\": %lld, \"varlen_fresh_us\": %.1f, "
+                "\"varlen_gathered_us\": %.1f, \"reference_us\": %.1f}\n",
+                static_cast<long long>(B), static_cast<long long>(P), t[0] * 1e6, t[1] * 1e6, t[2] * 1e6);
+    std::fflush(stdout);
   }
   // the rest of a decode step's fixed costs: sampling over a 32000-token vocabulary, metadata
   for (int64_t B : {64, 256}) {

@@ -209,7 +209,8 @@ __global__ void __launch_bounds__(kThreads)
 // S = Q Kᵀ and O += P V with mma.m16n8k16 (fp32 accumulators): the G query heads are the rows of
 // the A operand (padded to 16, rows >= G zero), so every K/V row read from memory serves all G
 // heads through the tensor cores instead of 2·G·D CUDA-core FMAs. K/V tiles stream into shared
-// memory with cp.async, two stages per warp; rows are padded by 16 bytes (conflict-free reads).
+// memory with cp.async, STAGES deep per warp (STAGES - 1 tiles in flight while one is computed);
+// rows are padded by 16 bytes (conflict-free reads).
 template <class T>
 struct MmaOp;
 template <>
@@ -242,7 +243,8 @@ __device__ inline void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 __device__ inline void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -254,20 +256,21 @@ constexpr int kTile = 16;  // tokens per warp tile
 
 template <int D>
 __host__ __device__ constexpr int mma_row() { return D + 8; }  // elements per smem row: +16 bytes
-template <int D>
+template <int D, int STAGES>
 __host__ __device__ constexpr int mma_smem_bytes() {
-  const int stages = 2 * kWarps * 2 * kTile * mma_row<D>() * 2;  // stages x warps x (K, V) x rows x bytes
+  const int stages = STAGES * kWarps * 2 * kTile * mma_row<D>() * 2;  // stages x warps x (K, V) x rows x bytes
   const int merge = kWarps * 8 * (D + 2) * 4;
   return stages > merge ? stages : merge;
 }
 
-template <class T, int D, int G>
+template <class T, int D, int G, int STAGES>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_mma_kernel(const T* __restrict__ q, const T* __restrict__ key_cache, const T* __restrict__ value_cache,
                             const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
                             T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads,
                             int block_size, int max_blocks, int splits, int window, float scale) {
   static_assert(G >= 1 && G <= 8 && D % 16 == 0, "tensor-core decode: G <= 8 query heads per KV head, D % 16 == 0");
+  static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 pipeline stages");
   static_assert(Vec<T>::n == 8, "16-bit elements");
   constexpr int R = mma_row<D>();
   constexpr int KS = D / 16;          // k-steps of Q Kᵀ
@@ -307,7 +310,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m = -FLT_MAX, l = 0.f;  // of head row grp; l is this lane's part of the row sum
 
-  T* my = smem + warp * 2 * 2 * kTile * R;  // this warp's two stages of K and V tiles
+  T* my = smem + warp * STAGES * 2 * kTile * R;  // this warp's stages of K and V tiles
   auto issue = [&](int tile_start, int stage) {
     T* ks = my + stage * 2 * kTile * R;
     T* vs = ks + kTile * R;
@@ -324,12 +327,18 @@ __global__ void __launch_bounds__(kThreads)
   };
   const int stride = kWarps * kTile;
   int tile = begin + warp * kTile, stage = 0;
-  if (tile < end) issue(tile, 0);
-  cp_async_commit();
-  for (; tile < end; tile += stride, stage ^= 1) {
-    if (tile + stride < end) issue(tile + stride, stage ^ 1);
+  // prologue: the first STAGES - 1 tiles in flight, one commit group each (empty past the end)
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (tile + i * stride < end) issue(tile + i * stride, i);
     cp_async_commit();
-    cp_async_wait1();
+  }
+  for (; tile < end; tile += stride, stage = stage + 1 == STAGES ? 0 : stage + 1) {
+    // refill the stage computed last iteration with the tile STAGES - 1 ahead
+    const int ahead = tile + (STAGES - 1) * stride;
+    if (ahead < end) issue(ahead, stage == 0 ? STAGES - 1 : stage - 1);
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();  // this iteration's tile has landed
     __syncwarp();
     const T* ks = my + stage * 2 * kTile * R;
     const T* vs = ks + kTile * R;
@@ -454,17 +463,38 @@ __global__ void paged_decode_merge_kernel(const float* __restrict__ workspace, T
   }
 }
 
+// Pipeline depth of the tensor-core kernel: 3 stages where the deeper buffers cost no wave (every
+// CTA of the grid still resident at once), else 2 — more bytes in flight per SM when the grid is
+// small (64 sequences x 4 KV heads is under two CTAs per SM), occupancy when it is large.
+int mma_stages(int per_sm3, int64_t ctas) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+    return n;
+  }();
+  return static_cast<int64_t>(per_sm3) * sms >= ctas ? 3 : 2;
+}
+
 template <class T, int D, int G>
 int launch_group(const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl, void* out,
                  int S, int H, int Hkv, int bs, int max_blocks, int splits, int window, float scale, float* ws,
-                 cudaStream_t stream) {
+                 int stages, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(Hkv), static_cast<unsigned>(splits));
   if constexpr (sizeof(T) == 2) {  // bf16 / fp16: tensor cores
-    constexpr int smem = mma_smem_bytes<D>();
-    static const cudaError_t attr =
-        cudaFuncSetAttribute(paged_decode_mma_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    constexpr int smem2 = mma_smem_bytes<D, 2>(), smem3 = mma_smem_bytes<D, 3>();
+    auto* k2 = paged_decode_mma_kernel<T, D, G, 2>;
+    auto* k3 = paged_decode_mma_kernel<T, D, G, 3>;
+    static const cudaError_t attr = [&] {
+      const auto a = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2);
+      return a != cudaSuccess ? a : cudaFuncSetAttribute(k3, cudaFuncAttributeMaxDynamicSharedMemorySize, smem3);
+    }();
     if (attr != cudaSuccess) return static_cast<int>(attr);
-    paged_decode_mma_kernel<T, D, G><<<grid, kThreads, smem, stream>>>(
+    static const int per_sm3 = [&] {  // CTAs of the 3-stage kernel resident per SM
+      int n = 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k3, kThreads, smem3) == cudaSuccess ? n : 0;
+    }();
+    if (stages == 0) stages = mma_stages(per_sm3, static_cast<int64_t>(S) * Hkv * splits);
+    (stages >= 3 ? k3 : k2)<<<grid, kThreads, stages >= 3 ? smem3 : smem2, stream>>>(
         static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
         ws, H, Hkv, bs, max_blocks, splits, window, scale);
   } else {
@@ -481,16 +511,17 @@ int launch_group(const void* q, const void* kc, const void* vc, const int32_t* b
 
 template <class T, int D>
 int launch_dim(int G, const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl, void* out,
-               int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws, cudaStream_t st) {
+               int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws, int stages,
+               cudaStream_t st) {
   switch (G) {
-    case 1: return launch_group<T, D, 1>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 2: return launch_group<T, D, 2>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 3: return launch_group<T, D, 3>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 4: return launch_group<T, D, 4>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 5: return launch_group<T, D, 5>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 6: return launch_group<T, D, 6>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 7: return launch_group<T, D, 7>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 8: return launch_group<T, D, 8>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 1: return launch_group<T, D, 1>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 2: return launch_group<T, D, 2>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 3: return launch_group<T, D, 3>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 4: return launch_group<T, D, 4>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 5: return launch_group<T, D, 5>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 6: return launch_group<T, D, 6>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 7: return launch_group<T, D, 7>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 8: return launch_group<T, D, 8>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
     default: return -1;
   }
 }
@@ -498,10 +529,10 @@ int launch_dim(int G, const void* q, const void* kc, const void* vc, const int32
 template <class T>
 int launch_type(int D, int G, const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl,
                 void* out, int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws,
-                cudaStream_t st) {
+                int stages, cudaStream_t st) {
   switch (D) {
-    case 64: return launch_dim<T, 64>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
-    case 128: return launch_dim<T, 128>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, st);
+    case 64: return launch_dim<T, 64>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 128: return launch_dim<T, 128>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
     default: return -1;
   }
 }
@@ -530,9 +561,10 @@ int launch_paged_decode_attention(const void* q, const void* key_cache, const vo
                                   const int32_t* block_tables, const int32_t* context_lens, void* out,
                                   int64_t num_seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                   int64_t block_size, int64_t max_blocks, int64_t splits, int64_t sliding_window,
-                                  float scale, KernelDtype dtype, float* workspace, void* stream) {
+                                  float scale, KernelDtype dtype, float* workspace, void* stream, int pipeline_stages) {
   if (num_seqs == 0) return 0;
-  if (kv_heads <= 0 || heads % kv_heads != 0 || splits < 1) return -1;
+  if (kv_heads <= 0 || heads % kv_heads != 0 || splits < 1 ||
+      (pipeline_stages != 0 && pipeline_stages != 2 && pipeline_stages != 3)) return -1;
   const int G = static_cast<int>(heads / kv_heads);
   const int S = static_cast<int>(num_seqs), H = static_cast<int>(heads), Hkv = static_cast<int>(kv_heads);
   const int D = static_cast<int>(head_dim), bs = static_cast<int>(block_size), mb = static_cast<int>(max_blocks);
@@ -541,13 +573,13 @@ int launch_paged_decode_attention(const void* q, const void* key_cache, const vo
   switch (dtype) {
     case KernelDtype::f32:
       return launch_type<float>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs, mb, sp,
-                                win, scale, workspace, st);
+                                win, scale, workspace, pipeline_stages, st);
     case KernelDtype::f16:
       return launch_type<__half>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs, mb,
-                                 sp, win, scale, workspace, st);
+                                 sp, win, scale, workspace, pipeline_stages, st);
     case KernelDtype::bf16:
       return launch_type<__nv_bfloat16>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs,
-                                        mb, sp, win, scale, workspace, st);
+                                        mb, sp, win, scale, workspace, pipeline_stages, st);
   }
   return -1;
 }

@@ -275,6 +275,13 @@ TEST_SUITE("rollout/paged_cuda") {
     const double agree = a.eq(b).to(at::kDouble).mean().item<double>();
     MESSAGE("bf16 greedy tokens equal to the dense path: " << agree);
     CHECK(agree > 0.5);
+    // bf16 prefill runs FlashAttention-2 varlen: over the step's keys for whole prompts, over keys
+    // gathered from the blocks for chunks after cached ones (8 tokens per step)
+    PagedEngine chunked(m, PagedOptions{}.kv_cache_tokens(4096).max_num_batched_tokens(8));
+    auto ch = chunked.generate(prompts, greedy).tensor(keys::responses);
+    const double agree_chunked = ch.eq(a).to(at::kDouble).mean().item<double>();
+    MESSAGE("bf16 greedy tokens, chunked prefill against whole prompts: " << agree_chunked);
+    CHECK(agree_chunked > 0.5);
 #else
     MESSAGE("built without hybridrl::cuda: the CUDA engine is tested on CUDA builds");
 #endif
@@ -409,12 +416,24 @@ TEST_SUITE("rollout/paged_attention") {
       }
     }
     // without the reference groups (a step the decode kernel serves) the reference refuses, naming why
-    const auto bare = PagedAttentionMetadata::make({{13}}, {1}, {3}, bs, {}, at::kCPU, false);
+    const auto bare = PagedAttentionMetadata::make({{13}}, {1}, {3}, bs, {}, at::kCPU, PagedAttentionPath::kernel);
     CHECK(bare.groups.empty());
     CHECK(bare.slot_mapping.size(0) == 1);
     CHECK(contains(error_of([&] { paged_attention_reference(at::zeros({1, H, D}), kc, vc, bare, 0.3); }),
                    "the metadata has no reference groups"));
     CHECK(contains(error_of([&] { PagedAttentionMetadata::make({{1}}, {2}, {5}, bs, {}, at::kCPU); }),
                    "sequence 0 has 2 queries, 5 context tokens and 1 blocks"));
+    // the varlen path's metadata: prefix sums of queries and contexts, context slots packed in order
+    // (block 7 then 2 for sequence 0 at 4-token blocks: slots 28..31, 8; sequence 1 in block 5: 20, 21)
+    const auto var = PagedAttentionMetadata::make({{7, 2}, {5}}, {3, 2}, {5, 2}, 4, {}, at::kCPU, PagedAttentionPath::varlen);
+    CHECK(var.groups.empty());
+    CHECK(!var.fresh);
+    CHECK(at::equal(var.cu_query_lens, at::tensor(std::vector<int32_t>{0, 3, 5})));
+    CHECK(at::equal(var.cu_context_lens, at::tensor(std::vector<int32_t>{0, 5, 7})));
+    CHECK(at::equal(var.context_slots, at::tensor(std::vector<int64_t>{28, 29, 30, 31, 8, 20, 21})));
+    CHECK(PagedAttentionMetadata::make({{7, 2}, {5}}, {5, 2}, {5, 2}, 4, {}, at::kCPU, PagedAttentionPath::varlen).fresh);
+    // on the CPU every step takes the reference
+    CHECK((paged_attention_path(at::kCPU, at::kBFloat16, false, 4, 2, 64, true) == PagedAttentionPath::reference));
+    CHECK((paged_attention_path(at::kCPU, at::kFloat, true, 4, 2, 64, true) == PagedAttentionPath::reference));
   }
 }

@@ -34,13 +34,14 @@ int64_t paged_decode_splits(int64_t num_seqs, int64_t kv_heads, int64_t max_bloc
 /// (grid S × Hkv × splits); `sliding_window` 0 = none. `workspace` holds
 /// S·H·splits·(D+2) floats when splits > 1. Returns the cudaError_t of the launch as int
 /// (0 = success), or −1 for a head_dim / group size the kernel does not cover (the caller falls
-/// back to the reference path).
+/// back to the reference path). `pipeline_stages` (bf16/fp16): K/V tiles buffered per warp, 2 or
+/// 3; 0 picks 3 where the deeper buffers still keep the whole grid resident, else 2.
 int launch_paged_decode_attention(const void* q, const void* key_cache, const void* value_cache,
                                   const int32_t* block_tables, const int32_t* context_lens, void* out,
                                   int64_t num_seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                   int64_t block_size, int64_t max_blocks, int64_t splits,
                                   int64_t sliding_window, float scale, KernelDtype dtype, float* workspace,
-                                  void* stream);
+                                  void* stream, int pipeline_stages = 0);
 
 /// Free and total memory of the current CUDA device (cudaMemGetInfo); returns its cudaError_t as int.
 int device_memory(std::size_t* free_bytes, std::size_t* total_bytes);

@@ -5,17 +5,21 @@
 /// [context_len[s] - query_len[s], context_len[s]), each attending causally over that sequence's
 /// first context_len[s] cached tokens (its own keys included: write them first, write_kv_to_cache).
 ///
-/// Two paths give the same result. The reference, on any device, gathers each sequence's keys and
+/// Three paths give the same result. The reference, on any device, gathers each sequence's keys and
 /// values from its blocks into a padded dense tensor and runs scaled-dot-product attention under a
-/// mask: simple, and the oracle of the kernel test. On CUDA, in a target linked with hybridrl::cuda,
-/// a step whose chunks are all one token (decode) goes to hybridrl's paged decode kernel
-/// (src/cuda/paged_attention.cu), which reads K/V straight from the blocks.
+/// mask: simple, and the oracle of the kernel tests. On CUDA, in a target linked with
+/// hybridrl::cuda, a step whose chunks are all one token (decode) goes to hybridrl's paged decode
+/// kernel (src/cuda/paged_attention.cu), which reads K/V straight from the blocks. A CUDA step with
+/// longer chunks (prefill, mixed) in bf16/fp16 goes to FlashAttention-2's varlen forward on the
+/// packed queries: over the step's own keys when every chunk is a whole fresh prompt, else over
+/// each sequence's context gathered once from its blocks — no query or key is padded.
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,6 +27,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/cuda/launchers.hpp"
+#include "hybridrl/detail/compat.hpp"
 #include "hybridrl/model/attention.hpp"
 
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
@@ -30,6 +35,13 @@
 #endif
 
 namespace hybridrl {
+
+/// Which path a step's attention takes, chosen when its metadata is built (the host work differs).
+enum class PagedAttentionPath {
+  reference,  ///< gathers + masked SDPA per group; any device, dtype and shape
+  kernel,     ///< the CUDA decode kernel (one query per sequence; paged_decode_kernel_covers)
+  varlen,     ///< FlashAttention-2 varlen over packed chunks (CUDA, bf16/fp16; paged_varlen_covers)
+};
 
 /// Where each sequence of a step lives in the paged cache, built once per step on the host and
 /// shared by every layer.
@@ -55,15 +67,20 @@ struct PagedAttentionMetadata {
   };
   std::vector<Group> groups;
 
+  /// The varlen path's work: int32 prefix sums [S + 1] of the query and context lengths, and the
+  /// cache slot of every context key, packed sequence after sequence (int64 [sum of contexts]).
+  at::Tensor cu_query_lens, cu_context_lens, context_slots;
+  bool fresh = false;  ///< every chunk is a whole prompt from position 0: its keys are the step's own
+
   /// Metadata of a step: sequence s has block table `tables[s]`, `query_lens[s]` new tokens and
   /// `context_lens[s]` tokens in the cache counting them, in a cache of `block_size`-token blocks.
-  /// `with_reference` false skips the reference path's groups (their key slots and masks cost
-  /// ~4 ms of host work per decode step at 256 sequences): for a step the decode kernel serves
-  /// (paged_decode_kernel_covers, CUDA, one query per sequence).
+  /// `path` picks the host work: the reference path's groups (their key slots and masks cost
+  /// ~4 ms of host work per decode step at 256 sequences), none (the decode kernel reads the block
+  /// tables), or the varlen path's prefix sums and context slots.
   static PagedAttentionMetadata make(const std::vector<std::vector<int32_t>>& tables,
                                      const std::vector<int64_t>& query_lens, const std::vector<int64_t>& context_lens,
                                      int64_t block_size, std::optional<int64_t> sliding_window, at::Device device,
-                                     bool with_reference = true) {
+                                     PagedAttentionPath path = PagedAttentionPath::reference) {
     const auto S = static_cast<int64_t>(tables.size());
     HYBRIDRL_CHECK(S >= 1 && query_lens.size() == tables.size() && context_lens.size() == tables.size(),
                    fmt::format("PagedAttentionMetadata: {} block tables, {} query lengths, {} context lengths", S,
@@ -105,7 +122,24 @@ struct PagedAttentionMetadata {
     m.block_tables = at::from_blob(bt.data(), {S, static_cast<int64_t>(max_blocks)}, i32).clone().to(device);
     m.context_lens = at::from_blob(cl.data(), {S}, i32).clone().to(device);
     m.slot_mapping = at::from_blob(slots.data(), {m.num_tokens}, i64).clone().to(device);
-    if (!with_reference) return m;
+    if (path == PagedAttentionPath::kernel) return m;
+    if (path == PagedAttentionPath::varlen) {
+      std::vector<int32_t> cq(static_cast<size_t>(S) + 1, 0), ck(static_cast<size_t>(S) + 1, 0);
+      std::vector<int64_t> keys;
+      keys.reserve(static_cast<size_t>(std::accumulate(context_lens.begin(), context_lens.end(), int64_t{0})));
+      m.fresh = true;
+      for (int64_t s = 0; s < S; ++s) {
+        const auto q = query_lens[static_cast<size_t>(s)], k = context_lens[static_cast<size_t>(s)];
+        m.fresh = m.fresh && q == k;
+        cq[static_cast<size_t>(s) + 1] = cq[static_cast<size_t>(s)] + static_cast<int32_t>(q);
+        ck[static_cast<size_t>(s) + 1] = ck[static_cast<size_t>(s)] + static_cast<int32_t>(k);
+        for (int64_t key = 0; key < k; ++key) keys.push_back(slot_of(s, key));
+      }
+      m.cu_query_lens = at::from_blob(cq.data(), {S + 1}, i32).clone().to(device);
+      m.cu_context_lens = at::from_blob(ck.data(), {S + 1}, i32).clone().to(device);
+      m.context_slots = at::from_blob(keys.data(), {static_cast<int64_t>(keys.size())}, i64).clone().to(device);
+      return m;
+    }
     // the reference path's groups
     std::vector<int64_t> decodes;
     for (int64_t s = 0; s < S; ++s) {
@@ -154,13 +188,34 @@ constexpr bool paged_decode_kernel_covers(int64_t heads, int64_t kv_heads, int64
   return kv_heads > 0 && heads % kv_heads == 0 && heads / kv_heads <= 8 && (head_dim == 64 || head_dim == 128);
 }
 
+/// True when the varlen path serves a step in `dtype` with heads of `head_dim` (CUDA, bf16 or fp16,
+/// FlashAttention-2's head sizes, a LibTorch with the varlen op); paged_attention runs the
+/// reference otherwise.
+inline bool paged_varlen_covers(at::ScalarType dtype, int64_t head_dim) noexcept {
+  return HYBRIDRL_HAS_VARLEN_FLASH && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 8 == 0 &&
+         head_dim <= 256;
+}
+
+/// The path a step on `device` in `dtype` takes: the kernel for a decode step it covers, the varlen
+/// path for other CUDA steps it covers, else the reference. `kernel_linked`: the caller links
+/// hybridrl::cuda (HYBRIDRL_HAS_CUDA_KERNELS).
+inline PagedAttentionPath paged_attention_path(at::Device device, at::ScalarType dtype, bool decode_only, int64_t heads,
+                                               int64_t kv_heads, int64_t head_dim, bool kernel_linked) noexcept {
+  if (!device.is_cuda()) return PagedAttentionPath::reference;
+  const bool kernel_dtype = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16;
+  if (decode_only && kernel_linked && kernel_dtype && paged_decode_kernel_covers(heads, kv_heads, head_dim))
+    return PagedAttentionPath::kernel;
+  if (paged_varlen_covers(dtype, head_dim)) return PagedAttentionPath::varlen;
+  return PagedAttentionPath::reference;
+}
+
 /// The reference path: `q` [T, H, D] packed queries, caches [num_blocks, block_size, Hkv, D]
 /// (H a multiple of Hkv) → [T, H, D]. Any device.
 inline at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                             const PagedAttentionMetadata& m, double scale) {
   HYBRIDRL_CHECK(!m.groups.empty() || m.num_tokens == 0,
                  "paged_attention_reference: the metadata has no reference groups",
-                 "build it with PagedAttentionMetadata::make (a CUDA graph's decode metadata serves the kernel only)");
+                 "make it with PagedAttentionPath::reference: this one was made for the decode kernel or the varlen path");
   const auto H = q.size(1), D = q.size(2), Hkv = key_cache.size(2);
   const auto slots = key_cache.size(0) * key_cache.size(1);
   auto out = at::empty({m.num_tokens, H, D}, q.options());
@@ -181,9 +236,12 @@ inline at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tenso
 
 /// Attention of `q` [T, H, D] over the paged caches [num_blocks, block_size, Hkv, D] under `m`
 /// (this step's keys already written) → [T, H, D]. A decode step on CUDA with hybridrl::cuda
-/// linked runs the paged decode kernel; everything else runs paged_attention_reference.
+/// linked runs the paged decode kernel; metadata made for the varlen path runs FlashAttention-2
+/// (over `step_keys`/`step_values` [T, Hkv, D], the keys just written, when given and every chunk
+/// is fresh); everything else runs paged_attention_reference.
 inline at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                  const PagedAttentionMetadata& m, double scale) {
+                                  const PagedAttentionMetadata& m, double scale, const at::Tensor& step_keys = {},
+                                  const at::Tensor& step_values = {}) {
   constexpr const char* fn = "paged_attention";
   HYBRIDRL_CHECK(q.dim() == 3 && q.size(0) == m.num_tokens,
                  fmt::format("{}: q must be [{} tokens, heads, head_dim], got {} dims", fn, m.num_tokens, q.dim()),
@@ -219,6 +277,22 @@ inline at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cac
                      "check the device and that hybridrl::cuda was built for its architecture");
       // rc -1: a shape the kernel does not cover (head_dim, group size): the reference does it
     }
+  }
+#endif
+#if HYBRIDRL_HAS_VARLEN_FLASH
+  if (q.is_cuda() && m.context_slots.defined() && q.scalar_type() == key_cache.scalar_type() &&
+      paged_varlen_covers(q.scalar_type(), q.size(2))) {
+    at::Tensor k, v;
+    if (m.fresh && step_keys.defined() && step_values.defined()) {
+      k = step_keys.contiguous();
+      v = step_values.contiguous();
+    } else {
+      const auto slots = key_cache.size(0) * key_cache.size(1), Hkv = key_cache.size(2), D = key_cache.size(3);
+      k = key_cache.view({slots, Hkv, D}).index_select(0, m.context_slots);
+      v = value_cache.view({slots, Hkv, D}).index_select(0, m.context_slots);
+    }
+    return detail::compat::varlen_flash_attention(q.contiguous(), k, v, m.cu_query_lens, m.cu_context_lens,
+                                                  m.max_query_len, m.max_context_len, scale, m.sliding_window);
   }
 #endif
   return paged_attention_reference(q, key_cache, value_cache, m, scale);

@@ -12,6 +12,8 @@
 ///   whose stats types moved namespaces between versions.
 /// - compat::AutocastGuard(device_type, dtype): RAII autocast on CUDA or CPU; the autocast calls
 ///   became per-device-type in LibTorch 2.4.
+/// - HYBRIDRL_HAS_VARLEN_FLASH / compat::varlen_flash_attention: FlashAttention-2's packed varlen
+///   forward (at::_flash_attention_forward with cum_seq_q/k and a sliding window; LibTorch >= 2.6).
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -154,5 +156,39 @@ typename Map::key_type optimizer_state_key(const at::Tensor& p) {
     return reinterpret_cast<K>(p.unsafeGetTensorImpl());
   }
 }
+
+}  // namespace hybridrl::detail::compat
+
+// ---- varlen flash attention ----------------------------------------------------------------------
+// at::_flash_attention_forward with cum_seq_q/k, window sizes and seqused_k (the schema since 2.6)
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 6)
+#define HYBRIDRL_HAS_VARLEN_FLASH 1
+#else
+#define HYBRIDRL_HAS_VARLEN_FLASH 0
+#endif
+
+#include <optional>
+
+namespace hybridrl::detail::compat {
+
+#if HYBRIDRL_HAS_VARLEN_FLASH
+/// Causal attention of packed queries `q` [Tq, H, D] over packed keys/values [Tk, Hkv, D] (CUDA,
+/// bf16 or fp16, H a multiple of Hkv): sequence s holds query rows [cu_q[s], cu_q[s+1]) and key
+/// rows [cu_k[s], cu_k[s+1]) (int32 prefix sums). FlashAttention-2 aligns the causal mask to the
+/// bottom right, so a chunk of queries after cached keys sees them all; `window` keeps the keys
+/// fewer than that many positions back. → [Tq, H, D].
+inline at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& cu_q, const at::Tensor& cu_k, int64_t max_q, int64_t max_k,
+                                         double scale, std::optional<int64_t> window) {
+  std::optional<int64_t> left, right;
+  if (window) {
+    left = *window - 1;
+    right = 0;
+  }
+  auto res = at::_flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                          /*return_debug_mask=*/false, scale, left, right);
+  return std::get<0>(res);
+}
+#endif
 
 }  // namespace hybridrl::detail::compat

@@ -192,19 +192,19 @@ class PagedEngine {
         qlens.push_back(ch.count);
         ctx.push_back(ch.start + ch.count);
       }
-      // a decode step the CUDA kernel serves needs none of the reference path's gathers
+      // the path decides the host work: none for the decode kernel, prefix sums for varlen flash
       bool decode_only = true;
       for (auto q : qlens) decode_only = decode_only && q == 1;
-      const bool kernel = HYBRIDRL_PAGED_CUDA_GRAPHS && device_.is_cuda() && decode_only &&
-                          (dtype_ == at::kFloat || dtype_ == at::kHalf || dtype_ == at::kBFloat16) &&
-                          paged_decode_kernel_covers(c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+      const auto path = paged_attention_path(device_, dtype_, decode_only, c.num_attention_heads,
+                                             c.num_key_value_heads, c.head_dim, HYBRIDRL_PAGED_CUDA_GRAPHS != 0);
       const auto meta =
-          PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_, !kernel);
+          PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_, path);
       auto fn = [this, &meta, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         auto kc = kv_[layer][0];
         auto vc = kv_[layer][1];
-        write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, meta.slot_mapping);
-        return paged_attention(q[0].transpose(0, 1), kc, vc, meta, scale).transpose(0, 1).unsqueeze(0);
+        const auto ks = k[0].transpose(0, 1), vs = v[0].transpose(0, 1);
+        write_kv_to_cache(ks, vs, kc, vc, meta.slot_mapping);
+        return paged_attention(q[0].transpose(0, 1), kc, vc, meta, scale, ks, vs).transpose(0, 1).unsqueeze(0);
       };
       const auto T = static_cast<int64_t>(ids.size());
       auto hidden = decoder->forward_with_attention(at::tensor(ids, at::kLong).view({1, T}).to(device_),
