@@ -11,7 +11,7 @@ using MyDpo = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Packed>>;
 
 int main() {
   MyTrainer::Options opts;
-  opts.geometry(StaticBatch<64, 8, 8, 16, 4>::geometry());  // divisibility checked at compile time
+  opts.static_batch(StaticBatch<64, 8, 8, 16, 4>::geometry());  // divisibility checked at compile time
   opts.algorithm().actor().clip_high(0.28);                          // runtime numbers: Options setters
   opts.rollout().sampling().temperature(1.0).top_p(0.95);
   MyTrainer trainer(opts);                                   // every option validated here

@@ -254,10 +254,11 @@ inner:
     CHECK(config_keys<BucketedOptions>() ==
           std::vector<std::string>{"shuffle", "drop_last", "epochs", "prefetch_factor", "pin_memory",
                                    "prompt_padding", "max_tokens_per_batch", "window_batches"});
-    // geometry: world_size and rollout_tensor_parallel_size are owned elsewhere
+    // geometry: prompts per step (data.train_batch_size), samples per prompt (rollout.n), world_size
+    // and rollout_tensor_parallel_size are owned elsewhere
     CHECK(config_keys<BatchGeometry>() ==
-          std::vector<std::string>{"train_batch_size", "rollout_n", "ppo_mini_batch_size",
-                                   "micro_batch_size_per_gpu", "sequence_parallel_size", "ppo_epochs"});
+          std::vector<std::string>{"ppo_mini_batch_size", "micro_batch_size_per_gpu", "sequence_parallel_size",
+                                   "ppo_epochs"});
     // sampling: every field is a key (rollout.seed; a Trainer derives it from its run seed)
     CHECK(config_keys<SamplingOptions>() ==
           std::vector<std::string>{"temperature", "top_k", "top_p", "min_p", "max_new_tokens",
@@ -265,7 +266,11 @@ inner:
     // an offline trainer has no rollout table
     const auto off = config_keys<OfflineTrainer::Options>();
     CHECK(std::none_of(off.begin(), off.end(), [](const std::string& k) { return k.rfind("rollout", 0) == 0; }));
-    CHECK(std::find(off.begin(), off.end(), "seed") != off.end());
+    for (const char* k : {"trainer.seed", "trainer.total_steps", "trainer.output_dir", "trainer.save_every",
+                          "trainer.keep_last", "trainer.resume", "data.train_files", "data.train_batch_size", "optim.lr"}) {
+      CAPTURE(k);
+      CHECK(std::find(off.begin(), off.end(), k) != off.end());
+    }
   }
 
   TEST_CASE("enums round-trip by name; an unknown name lists the valid ones") {
@@ -288,14 +293,14 @@ inner:
     CHECK(o.algorithm().clip_high() == 0.28);
     apply_overrides(o, {"rollout.temperature=0.7", "rollout.prefix_sharing=false",
                         "rollout.stop_token_ids=[2, 5]", "sharding.param_dtype=float32",
-                        "geometry.ppo_epochs=4", "loader.shuffle=false", "seed=11", "algorithm.mode=careful"});
+                        "geometry.ppo_epochs=4", "loader.shuffle=false", "trainer.seed=11", "algorithm.mode=careful"});
     CHECK(o.rollout().sampling().temperature() == 0.7);
     CHECK(!o.rollout().prefix_sharing());
     CHECK(o.rollout().sampling().stop_token_ids() == std::vector<int64_t>{2, 5});
     CHECK((o.sharding().param_dtype() == c10::ScalarType::Float));
     CHECK(o.geometry().ppo_epochs() == 4);
     CHECK(!o.loader().shuffle());
-    CHECK(o.seed() == 11u);
+    CHECK(o.trainer().seed() == 11u);
     CHECK(o.algorithm().mode() == Mode::careful);
     // the rest kept its defaults
     CHECK(o.rollout().block_size() == 16);
@@ -327,7 +332,8 @@ inner:
     CHECK(contains(type, "give rollout.top_k a value of type integer"));
     CHECK(contains(error_of([&] { apply_override(o, "rollout.block_size", "1.5"); }), "rollout.block_size = \"1.5\" is not an integer"));
     CHECK(contains(error_of([&] { apply_override(o, "rollout.prefix_sharing", "yes"); }), "is not a bool"));
-    CHECK(contains(error_of([&] { apply_override(o, "seed", "-1"); }), "seed = \"-1\" is not an unsigned integer in range"));
+    CHECK(contains(error_of([&] { apply_override(o, "trainer.seed", "-1"); }),
+                   "trainer.seed = \"-1\" is not an unsigned integer in range"));
     CHECK(contains(error_of([&] { apply_override(o, "rollout", "3"); }), "rollout = \"3\" is not a table"));
     CHECK(contains(error_of([&] { apply_overrides(o, {"rollout.block_size"}); }), "has no key=value form"));
     // JSON files are typed: a string where a number belongs is an error
@@ -340,17 +346,16 @@ inner:
 
   TEST_CASE("precedence: defaults < file < environment < command line") {
     ConfigSources s;
-    s.file = json::parse(R"({"rollout": {"block_size": 32, "max_num_seqs": 64}, "seed": 1,
-                              "geometry": {"rollout_n": 4}})");
+    s.file = json::parse(R"({"rollout": {"block_size": 32, "max_num_seqs": 64, "n": 4}, "trainer": {"seed": 1}})");
     s.file_name = "run.json";
-    s.environment = {{"HYBRIDRL_ROLLOUT__BLOCK_SIZE", "64"}, {"HYBRIDRL_SEED", "2"},
-                     {"HYBRIDRL_GEOMETRY__ROLLOUT_N", "8"}, {"OTHER_SEED", "99"}};
-    s.overrides = {"seed=3"};
+    s.environment = {{"HYBRIDRL_ROLLOUT__BLOCK_SIZE", "64"}, {"HYBRIDRL_TRAINER__SEED", "2"},
+                     {"HYBRIDRL_ROLLOUT__N", "8"}, {"OTHER_SEED", "99"}};
+    s.overrides = {"trainer.seed=3"};
     const auto o = configure(PagedTrainer::Options{}, s);
     CHECK(o.rollout().block_size() == 64);      // environment over file
     CHECK(o.rollout().max_num_seqs() == 64);    // file over default
-    CHECK(o.geometry().rollout_n() == 8);       // environment over file
-    CHECK(o.seed() == 3u);                      // command line over environment
+    CHECK(o.rollout().n() == 8);                // environment over file
+    CHECK(o.trainer().seed() == 3u);            // command line over environment
     CHECK(o.rollout().memory_fraction() == 0.5);  // default
     CHECK(env_key("HYBRIDRL_ROLLOUT__TOP_P", "HYBRIDRL_") == "rollout.top_p");
 
@@ -425,6 +430,9 @@ inner:
         CHECK(contains(doc, row));
       }
     };
+    check_all("trainer.", help<TrainerOptions>());
+    check_all("data.", help<DataOptions>());
+    check_all("optim.", help<OptimizerOptions>());
     check_all("geometry.", help<BatchGeometry>());
     check_all("rollout.", help<PagedOptions>());
     check_all("rollout.", help<NaiveOptions>());
@@ -432,7 +440,7 @@ inner:
     check_all("sharding.", help<TP3DOptions>());
     check_all("loader.", help<BucketedOptions>());
     check_all("loader.", help<PackedOptions>());
-    CHECK(contains(doc, "| `seed` | unsigned integer | `0` |"));
+    CHECK(contains(doc, "| `trainer.seed` | unsigned integer | `0` |"));
   }
 
   // Prints the tables of docs/configuration.md: ./build/tests/core_tests -tc="print*" --no-skip
@@ -450,7 +458,10 @@ inner:
       }
       return out;
     };
-    std::cout << "## geometry\n" << table("geometry.", help<BatchGeometry>())
+    std::cout << "## trainer\n" << table("trainer.", help<TrainerOptions>())
+              << "\n## data\n" << table("data.", help<DataOptions>())
+              << "\n## optim\n" << table("optim.", help<OptimizerOptions>())
+              << "\n## geometry\n" << table("geometry.", help<BatchGeometry>())
               << "\n## rollout: Rollout<Paged>\n" << table("rollout.", help<PagedOptions>())
               << "\n## rollout: Rollout<Naive>\n" << table("rollout.", help<NaiveOptions>())
               << "\n## sharding: Sharding<FSDP>\n" << table("sharding.", help<FSDPOptions>())

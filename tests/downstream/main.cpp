@@ -20,7 +20,7 @@ int main() {
   using MyTrainer = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
   static_assert(MyTrainer::has_rollout);
   MyTrainer::Options opts;
-  opts.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
+  opts.static_batch(StaticBatch<8, 4, 2, 4, 2>::geometry());
   MyTrainer trainer(opts);
   std::cout << trainer.describe() << "\n";
 #endif

@@ -181,7 +181,7 @@ TEST_SUITE("trainer/composition") {
     static_assert(std::is_same_v<T::rollout_type, Rollout<Paged>>);
     static_assert(T::has_rollout);
     T::Options opts;
-    opts.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
+    opts.static_batch(StaticBatch<8, 4, 2, 4, 2>::geometry());
     opts.rollout().block_size(32);
     T trainer(opts, 2);
     CHECK(trainer.options().rollout().block_size() == 32);
@@ -197,15 +197,16 @@ TEST_SUITE("trainer/composition") {
     CHECK(contains(error_of([&] { auto o = opts; o.geometry().world_size(1); T(o, 3); }), "world_size 3"));
   }
 
-  TEST_CASE("offline form: three policies, no rollout, rollout_n must stay 1") {
+  TEST_CASE("offline form: three policies, no rollout, one sample per prompt") {
     using T = Trainer<Off, Sharding<FSDP>, Loader<Packed>>;
     static_assert(!T::has_rollout);
     static_assert(std::is_same_v<T::loader_type, Loader<Packed>>);
     T trainer(T::Options{});
     CHECK(contains(trainer.describe(), "Algorithm<Offline> Sharding<FSDP> Loader<Packed>"));
-    T::Options bad;
-    bad.geometry().rollout_n(4);
-    CHECK(contains(error_of([&] { T{bad}; }), "Offline is offline"));
+    // rollout_n is not a key of an offline trainer: whatever the geometry held, the run uses 1
+    T::Options o;
+    o.geometry().rollout_n(4);
+    CHECK(T{o}.options().geometry().rollout_n() == 1);
   }
 
   TEST_CASE("a user algorithm's hooks run through the trainer's types") {
@@ -234,15 +235,19 @@ TEST_SUITE("trainer/composition") {
   TEST_CASE("one owner per knob: the trainer derives world size, rollout TP, loader batch and seeds") {
     using T = Trainer<On, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
     T::Options opts;
-    opts.geometry().train_batch_size(8).rollout_n(4).ppo_mini_batch_size(4).micro_batch_size_per_gpu(2);
+    opts.data().train_batch_size(8);
+    opts.rollout().n(4);
+    opts.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(2);
     opts.rollout().tensor_parallel_size(2);
-    opts.seed(7);
+    opts.trainer().seed(7);
     const T trainer(opts, 4);
     const auto& o = trainer.options();
     CHECK(o.geometry().world_size() == 4);                    // from the process group
     CHECK(o.geometry().rollout_tensor_parallel_size() == 2);  // read from the rollout
     CHECK(o.geometry().rollout_groups() == 2);                // 4 ranks / TP 2
-    CHECK(o.loader().batch_size() == 8);                      // = geometry.train_batch_size
+    CHECK(o.loader().batch_size() == 8);                      // = data.train_batch_size
+    CHECK(o.geometry().train_batch_size() == 8);              // from data.train_batch_size
+    CHECK(o.geometry().rollout_n() == 4);                     // from rollout.n
     CHECK(o.loader().seed() == derive_seed(7, "loader"));
     CHECK(o.rollout().sampling().seed() == derive_seed(7, "sampling"));
     // derived seeds differ per consumer and per run seed
@@ -274,7 +279,8 @@ TEST_SUITE("trainer/composition") {
   TEST_CASE("Trainer::Options::validate checks across axes with the full key path") {
     using TN = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
     TN::Options n;
-    n.geometry().train_batch_size(4).ppo_mini_batch_size(4);
+    n.data().train_batch_size(4);
+    n.geometry().ppo_mini_batch_size(4);
     CHECK(error_of([&] { TN(n, 2); }) == "(no error)");
     n.rollout().tensor_parallel_size(2);
     const auto naive_tp = error_of([&] { TN(n, 2); });
@@ -294,14 +300,16 @@ TEST_SUITE("trainer/composition") {
 
     // sharding checked against the world size
     TN::Options fsdp;
-    fsdp.geometry().train_batch_size(24).ppo_mini_batch_size(24);
+    fsdp.data().train_batch_size(24);
+    fsdp.geometry().ppo_mini_batch_size(24);
     fsdp.sharding().shard_group_size(4);
     CHECK(error_of([&] { TN(fsdp, 8); }) == "(no error)");
     CHECK(contains(error_of([&] { TN(fsdp, 6); }), "sharding.shard_group_size = 4 does not divide world_size 6 (6 % 4 = 2)"));
     using T3 = Trainer<On, Sharding<TP3D>, Rollout<Paged>, Loader<Packed>>;
     T3::Options mesh;
     mesh.sharding().tensor_parallel_size(4);
-    mesh.geometry().train_batch_size(6).ppo_mini_batch_size(6);
+    mesh.data().train_batch_size(6);
+    mesh.geometry().ppo_mini_batch_size(6);
     CHECK(contains(error_of([&] { T3(mesh, 6); }),
                    "sharding.tensor_parallel_size × pipeline_parallel_size = 4 × 1 = 4 does not divide world_size 6"));
     // nested members get their parent's path; geometry counts name their field
@@ -337,7 +345,7 @@ TEST_SUITE("trainer/presets") {
 #if defined(HYBRIDRL_EXTERN_PRESETS)
     // Constructed here, instantiated in src/presets/presets.cpp (the library this suite links).
     GRPOTrainer::Options o;
-    o.geometry(StaticBatch<8, 4, 2, 4, 2>::geometry());
+    o.static_batch(StaticBatch<8, 4, 2, 4, 2>::geometry());
     GRPOTrainer t(o);
     CHECK(t.describe().find("Algorithm<GRPO>") != std::string::npos);
 #else

@@ -52,9 +52,11 @@ constexpr GeometryRule check_geometry(int64_t train, int64_t n, int64_t world, i
 /// (the Trainer sets it) and `rollout_tensor_parallel_size` from the rollout's
 /// `tensor_parallel_size` (the Trainer copies it here before validating).
 struct BatchGeometry {
-  /// Prompts per training step, over all ranks.
+  /// Prompts per training step, over all ranks. Not a configuration key: `data.train_batch_size`
+  /// owns it (the Trainer copies it here).
   HYBRIDRL_ARG(int64_t, train_batch_size) = 1;
-  /// Sequences sampled per prompt (GRPO's group size); 1 for PPO as usually run.
+  /// Sequences sampled per prompt (GRPO's group size); 1 for PPO as usually run. Not a
+  /// configuration key: `rollout.n` owns it (1 for an offline trainer; the Trainer copies it).
   HYBRIDRL_ARG(int64_t, rollout_n) = 1;
   /// Prompts per optimizer step (mini-batch), over all ranks.
   HYBRIDRL_ARG(int64_t, ppo_mini_batch_size) = 1;
@@ -70,8 +72,7 @@ struct BatchGeometry {
   /// the rollout owns it (rollout.tensor_parallel_size).
   HYBRIDRL_ARG(int64_t, rollout_tensor_parallel_size) = 1;
 
-  HYBRIDRL_FIELDS(train_batch_size, rollout_n, ppo_mini_batch_size, micro_batch_size_per_gpu,
-                  sequence_parallel_size, ppo_epochs)
+  HYBRIDRL_FIELDS(ppo_mini_batch_size, micro_batch_size_per_gpu, sequence_parallel_size, ppo_epochs)
 
   /// Ranks that see different data during training.
   [[nodiscard]] int64_t data_parallel_size() const { return world_size_ / sequence_parallel_size_; }

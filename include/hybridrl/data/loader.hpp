@@ -173,7 +173,7 @@ class BatchLoader {
                    fmt::format("loader: an epoch of {} samples yields no batch (batch_size = {}, "
                                "drop_last = {})",
                                d.size(), core_->options.batch_size(), core_->options.drop_last()),
-                   "lower the batch size (geometry.train_batch_size under a Trainer) or set drop_last(false)");
+                   "lower the batch size (data.train_batch_size under a Trainer) or set drop_last(false)");
     core_->state = s;
     core_->producer_state = s;
     if (core_->options.prefetch_factor() > 0) {

@@ -3,7 +3,7 @@
 /// LoaderCommonOptions: the options every Loader policy shares (Bucketed and Packed hold one by
 /// composition; its fields appear at the `loader.` level of the configuration). Two of its values
 /// are not configuration keys, because another part owns them: `batch_size` is set by the trainer
-/// from `geometry.train_batch_size`, and `seed` is derived from the run's one seed
+/// from `data.train_batch_size`, and `seed` is derived from the run's one seed
 /// (`derive_seed(seed, "loader")`). A loader used on its own sets both directly.
 
 #include <fmt/format.h>
@@ -22,7 +22,7 @@ struct LoaderCommonOptions {
   static constexpr bool inline_fields = true;
 
   /// Units per batch (prompts for online algorithms, pairs for DPO). Not a configuration key: the
-  /// trainer sets it from geometry.train_batch_size.
+  /// trainer sets it from data.train_batch_size.
   HYBRIDRL_ARG(int64_t, batch_size) = 8;
   /// Shuffle seed, per epoch mixed with the epoch. Not a configuration key: the trainer derives it
   /// from its run seed.
@@ -45,7 +45,7 @@ struct LoaderCommonOptions {
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
     HYBRIDRL_CHECK(batch_size_ >= 1, fmt::format("batch_size = {} is below 1", batch_size_),
-                   "use a positive batch size (the trainer sets it to geometry.train_batch_size)");
+                   "use a positive batch size (the trainer sets it to data.train_batch_size)");
     HYBRIDRL_CHECK(epochs_ >= 0, fmt::format("epochs = {} is negative", epochs_),
                    "use 0 (endless) or a positive number of epochs");
     HYBRIDRL_CHECK(prefetch_factor_ >= 0,

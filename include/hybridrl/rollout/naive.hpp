@@ -32,6 +32,9 @@ namespace hybridrl {
 
 /// Run-time options of Rollout<Naive>.
 struct NaiveOptions {
+  /// Samples per prompt (GRPO's group size): the trainer repeats each prompt n times with one
+  /// group id (the geometry's rollout_n is read from here); generate() takes its requests as given.
+  HYBRIDRL_ARG(int64_t, n) = 1;
   HYBRIDRL_ARG(SamplingOptions, sampling) = {};
   /// Sequences generated together (the dense cache is max_batch_size × (prompt + max_new_tokens)).
   HYBRIDRL_ARG(int64_t, max_batch_size) = 64;
@@ -40,11 +43,12 @@ struct NaiveOptions {
   /// a larger value with the fix).
   HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
 
-  HYBRIDRL_FIELDS(sampling, max_batch_size, tensor_parallel_size)
+  HYBRIDRL_FIELDS(n, sampling, max_batch_size, tensor_parallel_size)
 
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
     sampling_.validate();  // inline fields: rollout.temperature, not rollout.sampling.temperature
+    HYBRIDRL_CHECK(n_ >= 1, fmt::format("n = {} is below 1", n_), "sample at least one response per prompt");
     HYBRIDRL_CHECK(max_batch_size_ >= 1,
                    fmt::format("max_batch_size = {} is below 1", max_batch_size_),
                    "use a positive batch size");

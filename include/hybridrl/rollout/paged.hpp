@@ -53,6 +53,9 @@ namespace hybridrl {
 
 /// Run-time options of Rollout<Paged>.
 struct PagedOptions {
+  /// Samples per prompt (GRPO's group size): the trainer repeats each prompt n times with one
+  /// group id (the geometry's rollout_n is read from here); generate() takes its requests as given.
+  HYBRIDRL_ARG(int64_t, n) = 1;
   HYBRIDRL_ARG(SamplingOptions, sampling) = {};
   /// Tokens per KV block.
   HYBRIDRL_ARG(int64_t, block_size) = 16;
@@ -74,12 +77,13 @@ struct PagedOptions {
   /// Capture the decode step in CUDA graphs (CUDA only).
   HYBRIDRL_ARG(bool, cuda_graphs) = true;
 
-  HYBRIDRL_FIELDS(sampling, block_size, memory_fraction, kv_cache_tokens, max_num_seqs, max_num_batched_tokens,
+  HYBRIDRL_FIELDS(n, sampling, block_size, memory_fraction, kv_cache_tokens, max_num_seqs, max_num_batched_tokens,
                   prefix_sharing, tensor_parallel_size, cuda_graphs)
 
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
     sampling_.validate();  // inline fields: rollout.temperature, not rollout.sampling.temperature
+    HYBRIDRL_CHECK(n_ >= 1, fmt::format("n = {} is below 1", n_), "sample at least one response per prompt");
     HYBRIDRL_CHECK(block_size_ >= 1 && (block_size_ & (block_size_ - 1)) == 0,
                    fmt::format("block_size = {} is not a positive power of two", block_size_),
                    "use 16 (the usual choice) or another power of two");

@@ -113,13 +113,15 @@ class FSDPEngine {
 
   /// `log_probs` and `entropy` of the batch's tokens, with grad, aligned as core/keys.hpp says:
   /// to `responses` [B, R] when the batch has them (a rollout batch: input_ids = prompts then
-  /// responses), else to `input_ids` [B, T]. Uses attention_mask and position_ids when present.
+  /// responses), else to `input_ids` [B, T]. Uses attention_mask, position_ids and cu_seqlens
+  /// (packed rows) when present.
   TensorBatch forward(const TensorBatch& batch) {
     HYBRIDRL_CHECK(batch.has(keys::input_ids), "Sharding<FSDP>.forward: the batch has no 'input_ids'",
                    "pass a rollout batch or an offline batch (the Loader's)");
     ForwardArgs args;
     if (batch.has(keys::attention_mask)) args.attention_mask(batch.tensor(keys::attention_mask));
     if (batch.has(keys::position_ids)) args.position_ids(batch.tensor(keys::position_ids));
+    if (batch.has(keys::cu_seqlens)) args.cu_seqlens(batch.tensor(keys::cu_seqlens));
     const auto dev = model_->parameters().front().device();
     auto r = token_log_probs(model_, batch.tensor(keys::input_ids).to(dev), args, log_prob_options_);
     if (batch.has(keys::responses)) {

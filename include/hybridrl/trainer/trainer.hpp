@@ -5,20 +5,48 @@
 /// four compile-time policies. Every rule (trainer/rules.hpp) is a static_assert with a sentence
 /// that says what is wrong and what to write instead, and only the first broken one speaks;
 /// `trainer_config<A, S, R, L>` is the same rules as a concept. This header holds the composition,
-/// its member types and its Options; the fit loop is added by the trainer issue (docs/architecture.md).
+/// its member types, its Options and the fit loop (docs/training.md): `fit(policy, data)` trains an
+/// offline algorithm (DPO, KTO, yours) over its loader.
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
+#include "hybridrl/algorithm/metrics.hpp"
 #include "hybridrl/core/batch_geometry.hpp"
+#include "hybridrl/core/config.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/policy.hpp"
+#include "hybridrl/data/loader.hpp"
 #include "hybridrl/distributed/communicator.hpp"
+#include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/model/causal_lm.hpp"
+#include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/sharding/optimizer.hpp"
+#include "hybridrl/trainer/checkpoint.hpp"
+#include "hybridrl/trainer/options.hpp"
 #include "hybridrl/trainer/rules.hpp"
+#include "hybridrl/trainer/run_log.hpp"
+#include "hybridrl/trainer/scoring.hpp"
 
 namespace hybridrl {
 
@@ -34,6 +62,12 @@ struct NoOptions {
 template <class O>
 concept has_tensor_parallel_size = requires(const O& o) {
   { o.tensor_parallel_size() } -> std::convertible_to<int64_t>;
+};
+
+/// Rollout options with a sample count per prompt (rollout.n, which the geometry reads).
+template <class O>
+concept has_samples_per_prompt = requires(const O& o) {
+  { o.n() } -> std::convertible_to<int64_t>;
 };
 
 /// Rollout options with sampling options (whose seed the trainer derives).
@@ -62,7 +96,51 @@ struct options_of<P, true> {
   using type = typename P::options_type;
 };
 
+/// Sharding descriptors whose engine trains a CausalLM: `make(model, options, optim, steps, world)`.
+template <class S, class O>
+concept makes_training_engine = requires(CausalLM m, const O& o, const OptimizerOptions& opt) {
+  S::make(m, o, opt, int64_t{1}, int64_t{1});
+};
+
+/// The engine type of a Rollout policy (int for NoRollout: an offline trainer has none).
+template <class R>
+struct rollout_engine_of {
+  using type = int;
+};
+template <class R>
+  requires requires { typename R::engine_type; }
+struct rollout_engine_of<R> {
+  using type = typename R::engine_type;
+};
+
 }  // namespace detail
+
+/// What fit() did.
+struct FitResult {
+  int64_t steps = 0;               ///< the last step done (resumed steps included)
+  int64_t resumed_from = 0;        ///< the step a checkpoint gave (0: a fresh run)
+  std::map<std::string, double> last_metrics;  ///< the last step's metrics
+  std::string last_checkpoint;     ///< the newest checkpoint written ("" without output_dir)
+};
+
+/// Extras of fit() that are not configuration.
+struct FitParts {
+  /// The frozen reference of algorithms that read one; default: a copy of the policy as fit()
+  /// receives it (before a checkpoint's weights are loaded), so a resumed run has the same one.
+  std::optional<CausalLM> reference;
+  /// Where the progress line goes (nullptr: nowhere).
+  std::FILE* progress = stderr;
+  /// Tokenizer files to copy next to the final model (tokenizer.model, tokenizer.json, ...).
+  std::vector<std::string> tokenizer_files;
+  /// Decodes response ids to text for the reward (online; a tokenizer's decode). Without it the
+  /// reward sees the response ids only.
+  DecodeFn decode;
+  /// dtype of the rollout engine's copy of the weights (online); default: the policy's.
+  std::optional<at::ScalarType> rollout_dtype;
+  /// Called after each step is logged (and checkpointed when due) with its number and metrics;
+  /// what it throws ends fit() as a crash would (the tests' interruption).
+  std::function<void(int64_t step, const std::map<std::string, double>& metrics)> on_step;
+};
 
 /// One concrete trainer type composed from policies. See the file comment for the two forms.
 template <class... Policies>
@@ -86,32 +164,51 @@ class Trainer {
   using rollout_options = typename detail::options_of<rollout_type, rules_hold_>::type;
   using loader_options = typename detail::options_of<loader_type, rules_hold_>::type;
 
-  /// Everything the trainer needs at run time, one Options struct per policy plus the geometry
-  /// and the run's one seed. Configuration keys: algorithm.*, sharding.*, rollout.* (online
-  /// only), loader.*, geometry.*, seed (core/config.hpp reads and writes them).
+  /// Everything the trainer needs at run time: the run (trainer.*, with the one seed), the data
+  /// (data.*), one Options struct per policy, the optimizer and the geometry. Configuration keys:
+  /// trainer.*, data.*, algorithm.*, optim.*, sharding.*, rollout.* (online only), loader.*,
+  /// geometry.* (core/config.hpp reads and writes them).
   struct Options {
+    HYBRIDRL_ARG(TrainerOptions, trainer) = {};
+    HYBRIDRL_ARG(DataOptions, data) = {};
     HYBRIDRL_ARG(algorithm_options, algorithm) = {};
+    HYBRIDRL_ARG(OptimizerOptions, optim) = {};
     HYBRIDRL_ARG(sharding_options, sharding) = {};
     HYBRIDRL_ARG(rollout_options, rollout) = {};
     HYBRIDRL_ARG(loader_options, loader) = {};
     HYBRIDRL_ARG(BatchGeometry, geometry) = {};
-    /// The run's one seed; the loader's and the sampler's seeds are derived from it.
-    HYBRIDRL_ARG(uint64_t, seed) = 0;
 
     /// The field visitor (HYBRIDRL_FIELDS, except that an offline trainer has no rollout key).
     template <class Self, class F>
     static void visit_fields(Self& self, F&& f) {
+      f("trainer", self.trainer_);
+      f("data", self.data_);
       f("algorithm", self.algorithm_);
+      f("optim", self.optim_);
       f("sharding", self.sharding_);
       if constexpr (has_rollout) f("rollout", self.rollout_);
       f("loader", self.loader_);
       f("geometry", self.geometry_);
-      f("seed", self.seed_);
     }
 
-    /// The geometry as the run uses it: the rollout's tensor-parallel size copied in.
+    /// Takes a whole geometry, e.g. `StaticBatch<64, 8, 8, 16, 4>::geometry()` (checked at compile
+    /// time): its prompts per step go to data.train_batch_size, its samples per prompt to
+    /// rollout.n (online), the rest to the geometry.
+    Options& static_batch(const BatchGeometry& g) {
+      geometry_ = g;
+      data_.train_batch_size(g.train_batch_size());
+      if constexpr (has_rollout && requires { rollout_.n(int64_t{1}); }) rollout_.n(g.rollout_n());
+      return *this;
+    }
+
+    /// The geometry as the run uses it, with the values other keys own copied in: prompts per
+    /// step (data.train_batch_size), samples per prompt (rollout.n; 1 offline) and the rollout's
+    /// tensor-parallel size.
     [[nodiscard]] BatchGeometry effective_geometry() const {
       BatchGeometry g = geometry_;
+      g.train_batch_size(data_.train_batch_size());
+      g.rollout_n(1);
+      if constexpr (has_rollout && detail::has_samples_per_prompt<rollout_options>) g.rollout_n(rollout_.n());
       if constexpr (has_rollout && detail::has_tensor_parallel_size<rollout_options>) {
         g.rollout_tensor_parallel_size(rollout_.tensor_parallel_size());
       }
@@ -119,7 +216,8 @@ class Trainer {
     }
 
     /// A copy with every derived value written in: the world size of the process group, the
-    /// loader's batch size from the geometry, and the loader and sampling seeds from `seed`.
+    /// geometry's owned values, the loader's batch size from data.train_batch_size, and the loader
+    /// and sampling seeds from trainer.seed.
     /// A geometry world_size set by hand (not 1, e.g. by StaticBatch) must agree with
     /// `world_size`; without one, the geometry's is kept (a single process describing a run).
     [[nodiscard]] Options resolved(std::optional<int64_t> world_size = std::nullopt) const {
@@ -136,10 +234,10 @@ class Trainer {
         o.loader_.batch_size(o.geometry_.train_batch_size());
       }
       if constexpr (requires { o.loader_.seed(uint64_t{1}); }) {
-        o.loader_.seed(derive_seed(seed_, "loader"));
+        o.loader_.seed(derive_seed(trainer_.seed(), "loader"));
       }
       if constexpr (has_rollout && detail::has_sampling<rollout_options>) {
-        o.rollout_.sampling().seed(derive_seed(seed_, "sampling"));
+        o.rollout_.sampling().seed(derive_seed(trainer_.seed(), "sampling"));
       }
       return o;
     }
@@ -149,17 +247,18 @@ class Trainer {
     /// with its world_size (the Trainer sets it from the process group) and the rollout's
     /// tensor-parallel size.
     void validate() const {
+      detail::validate_member(trainer_, "trainer");
+      detail::validate_member(data_, "data");
       detail::validate_member(algorithm_, "algorithm");
+      detail::validate_member(optim_, "optim");
       detail::validate_member(sharding_, "sharding");
       if constexpr (has_rollout) detail::validate_member(rollout_, "rollout");
       detail::validate_member(loader_, "loader");
       const BatchGeometry g = effective_geometry();
-      detail::validate_member(g, "geometry");
-      if constexpr (!has_rollout) {
-        HYBRIDRL_CHECK(geometry_.rollout_n() == 1,
-                       fmt::format("geometry.rollout_n = {} but {} is offline and samples nothing",
-                                   geometry_.rollout_n(), Trainer::algorithm_type::name),
-                       "leave rollout_n at 1 for DPO/KTO");
+      try {
+        detail::validate_member(g, "geometry");
+      } catch (const Error& e) {  // two of the geometry's counts have other keys in a Trainer
+        throw Error(e.problem(), e.fix() + " (prompts per step: data.train_batch_size; samples per prompt: rollout.n)");
       }
       if constexpr (has_rollout && detail::has_tensor_parallel_size<rollout_options> &&
                     rollout_policy<typename Trainer::rollout_type>) {
@@ -176,8 +275,8 @@ class Trainer {
         HYBRIDRL_CHECK(loader_.max_tokens_per_batch() == 0,
                        fmt::format("loader.max_tokens_per_batch = {} makes the number of prompts "
                                    "per batch vary, but an online step generates from exactly "
-                                   "geometry.train_batch_size = {} prompts",
-                                   loader_.max_tokens_per_batch(), geometry_.train_batch_size()),
+                                   "data.train_batch_size = {} prompts",
+                                   loader_.max_tokens_per_batch(), data_.train_batch_size()),
                        "set loader.max_tokens_per_batch = 0 (token budgets apply to offline "
                        "batches; the update's micro-batches are set by the geometry)");
       }
@@ -205,6 +304,73 @@ class Trainer {
 
   [[nodiscard]] const Options& options() const noexcept { return options_; }
 
+  /// Trains `policy` in place on `data` (a dataset of the algorithm's kind) — offline algorithms
+  /// (DPO, KTO, yours). Each step: a batch of data.train_batch_size units from the loader; the
+  /// reference's scores of the whole batch; then geometry.ppo_epochs passes of mini-batches
+  /// (geometry.ppo_mini_batch_size units, one optimizer step each) of micro-batches
+  /// (geometry.micro_batch_size_per_gpu, gradients accumulated). Writes metrics, checkpoints and
+  /// the final model under trainer.output_dir; resumes by trainer.resume. Bad input (an empty
+  /// dataset, a geometry the data cannot fill, a checkpoint of another run) is an Error before the
+  /// first step.
+  template <class D>
+    requires(!has_rollout)
+  FitResult fit(CausalLM policy, std::shared_ptr<const D> data, FitParts parts = {}) {
+    return fit_impl(std::move(policy), std::move(data), BatchRewardFn{}, std::move(parts));
+  }
+
+  /// As above, with the dataset taken by value.
+  template <class D>
+    requires(!has_rollout && !std::is_pointer_v<D>)
+  FitResult fit(CausalLM policy, D data, FitParts parts = {}) {
+    return fit(std::move(policy), std::shared_ptr<const D>(std::make_shared<D>(std::move(data))), std::move(parts));
+  }
+
+  /// Trains `policy` in place on the prompts of `data` — online algorithms (GRPO, a user's
+  /// critic-free algorithm). Each step: data.train_batch_size prompts, each repeated rollout.n
+  /// times with one group id; the rollout engine (its own copy of the weights, in the rollout's
+  /// dtype) samples the responses; `reward` scores them (a step with a NaN or infinite score is
+  /// reported and not trained on); the reference's and the policy's per-token log-probs (old
+  /// log-probs); the algorithm's advantages; the update as for offline algorithms; the new weights
+  /// to the rollout engine, bucket by bucket. `parts.decode` gives the reward the response text.
+  template <class D>
+    requires(has_rollout)
+  FitResult fit(CausalLM policy, std::shared_ptr<const D> data, BatchRewardFn reward, FitParts parts = {}) {
+    HYBRIDRL_CHECK(static_cast<bool>(reward), "fit: no reward function given",
+                   "pass a RewardFn or BatchRewardFn, e.g. builtin_reward(\"exact_match\")");
+    return fit_impl(std::move(policy), std::move(data), std::move(reward), std::move(parts));
+  }
+
+  /// As above, with a per-sample reward and the dataset taken by value.
+  template <class D>
+    requires(has_rollout && !std::is_pointer_v<D>)
+  FitResult fit(CausalLM policy, D data, RewardFn reward, FitParts parts = {}) {
+    return fit(std::move(policy), std::shared_ptr<const D>(std::make_shared<D>(std::move(data))),
+               batched(std::move(reward)), std::move(parts));
+  }
+
+  /// The checkpoint trainer.resume names: for `auto` the newest complete one under
+  /// output_dir/checkpoints (none: a fresh run); for `never` none (checkpoints already there are
+  /// an Error: they would be mixed with the new run's); else the path given, which must be one.
+  [[nodiscard]] std::optional<std::string> find_resume_checkpoint() const {
+    const auto& t = options_.trainer();
+    const auto dir = std::filesystem::path(t.output_dir()) / "checkpoints";
+    const bool has_dir = !t.output_dir().empty() && std::filesystem::is_directory(dir);
+    if (t.resume() == "auto") {
+      if (!has_dir) return std::nullopt;
+      return CheckpointManager(dir.string(), t.keep_last()).latest();
+    }
+    if (t.resume() == "never") {
+      HYBRIDRL_CHECK(!has_dir || CheckpointManager(dir.string(), t.keep_last()).list().empty(),
+                     fmt::format("trainer.resume = never but '{}' holds checkpoints of an earlier run", dir.string()),
+                     "choose another trainer.output_dir, remove its checkpoints, or set trainer.resume=auto");
+      return std::nullopt;
+    }
+    HYBRIDRL_CHECK(std::filesystem::is_directory(t.resume()),
+                   fmt::format("trainer.resume = {} is not a directory", t.resume()),
+                   "use auto, never, or a checkpoint directory (…/checkpoints/step_00000100)");
+    return t.resume();
+  }
+
   /// One line per axis plus the effective batch geometry, as printed at the start of training.
   [[nodiscard]] std::string describe() const {
     std::string out = fmt::format("hybridrl trainer: Algorithm<{}> Sharding<{}> ", algorithm_type::name,
@@ -215,6 +381,309 @@ class Trainer {
   }
 
  private:
+  /// The fit loop of both forms (see fit()).
+  template <class D>
+  FitResult fit_impl(CausalLM policy, std::shared_ptr<const D> data, BatchRewardFn reward, FitParts parts) {
+    static_assert(detail::makes_training_engine<sharding_type, sharding_options>,
+                  "hybridrl: fit() needs a Sharding policy whose make(model, options, optim, total_steps, "
+                  "world_size) builds a training engine (Sharding<FSDP>). Use Sharding<FSDP> for now.");
+    using clock = std::chrono::steady_clock;
+    const auto& o = options_;
+    const auto& t = o.trainer();
+    const auto& g = o.geometry();
+    HYBRIDRL_CHECK(data != nullptr, "fit: no dataset given", "pass the training dataset");
+    // the data, from the checkpoint's position when resuming
+    const auto resume = find_resume_checkpoint();
+    std::optional<CheckpointData> ckpt;
+    if (resume) ckpt = CheckpointManager::load(*resume);
+    std::optional<LoaderState> loader_state;
+    if (ckpt) {
+      HYBRIDRL_CHECK(ckpt->meta.contains("loader"), fmt::format("checkpoint '{}' has no loader position", *resume),
+                     "resume from a checkpoint written by fit()");
+      loader_state = ckpt->meta["loader"].template get<LoaderState>();
+    }
+    auto loader = loader_type::make(data, o.loader(), loader_state);
+    const int64_t epochs = o.loader().epochs();
+    int64_t total = t.total_steps();
+    if (total == 0) {
+      HYBRIDRL_CHECK(epochs > 0, "trainer.total_steps = 0 with loader.epochs = 0 (endless) gives no end",
+                     "set trainer.total_steps, or a number of loader.epochs");
+      for (int64_t e = 0; e < epochs; ++e) total += loader.batches_in_epoch(e);
+    }
+    const int64_t minis = std::max<int64_t>(1, g.train_batch_size() / g.ppo_mini_batch_size());
+    const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
+    // the reference before the policy changes (a resumed run gets the same one)
+    std::optional<CausalLM> reference = std::move(parts.reference);
+    if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = make_reference(policy);
+    const auto device = policy->parameters().front().device();
+    auto engine = sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
+    auto state = algorithm_type::make_state(o.algorithm());
+    int64_t step = 0;
+    if (ckpt) {
+      engine.load_state_dict(ckpt->tensors);
+      step = ckpt->step;
+      restore_rng(ckpt->tensors);
+    }
+    // online: the rollout engine holds its own copy of the weights, in the rollout's dtype
+    using RolloutEngine = typename detail::rollout_engine_of<rollout_type>::type;
+    std::optional<RolloutEngine> rollout;
+    auto sync_weights = [&] {
+      if constexpr (has_rollout) {
+        engine.export_weights(rollout->weight_spec(), [&](const WeightBucket& b) { rollout->load_weights(b); });
+      }
+    };
+    if constexpr (has_rollout) {
+      const auto dtype = parts.rollout_dtype.value_or(policy->parameters().front().scalar_type());
+      rollout.emplace(rollout_type::make(policy->config(), o.rollout(), device, dtype));
+      sync_weights();
+    }
+    FitResult result;
+    result.resumed_from = step;
+    std::optional<CheckpointManager> saver;
+    if (!t.output_dir().empty()) {
+      saver.emplace((std::filesystem::path(t.output_dir()) / "checkpoints").string(), t.keep_last());
+      io::write_file_atomic((std::filesystem::path(t.output_dir()) / "run_config.json").string(),
+                            to_json(o).dump(2) + "\n");
+    }
+    RunLog log(RunLog::Options{t.output_dir(), total, step, t.log_every(), t.plot_every(), t.tensorboard(),
+                               parts.progress});
+    if (parts.progress != nullptr) std::fprintf(parts.progress, "%s\n", describe().c_str());
+    auto save = [&] {
+      if (!saver) return;
+      nlohmann::json meta;
+      meta["loader"] = loader.state();
+      meta["config"] = to_json(o);
+      auto tensors = engine.state_dict();
+      save_rng(tensors);
+      result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
+    };
+    const auto reads = algorithm_type::loss_reads(o.algorithm());
+    const auto prepares = algorithm_type::prepare_reads(o.algorithm());
+    std::vector<Key> advantage_reads;
+    if constexpr (has_rollout) advantage_reads = algorithm_type::advantage_reads(o.algorithm());
+    const int64_t mini_rows = std::max<int64_t>(1, g.mini_batch_sequences_per_rank());
+    LogProbOptions lp;
+    const auto loss_keys = scored_keys(KeySource::policy, {reads});
+    const auto prepare_keys = scored_keys(KeySource::policy, {prepares});
+    auto engine_forward = [&engine](const TensorBatch& rows) { return engine.forward(rows); };
+    while (step < total) {
+      const auto t0 = clock::now();
+      auto got = loader.next();
+      if (!got) break;
+      const auto info = loader.info();
+      ++step;
+      std::map<std::string, double> m;  // the step's metrics
+      TensorBatch batch;
+      bool train = true;
+      int64_t step_tokens = info.real_tokens;
+      if constexpr (has_rollout) {
+        // generate: n samples per prompt, noise from (run seed, step, group, sample)
+        const auto g0 = clock::now();
+        auto prompts = repeat_for_rollout(*got, g.rollout_n());
+        auto sampling = o.rollout().sampling();
+        sampling.seed(request_seed(sampling.seed(), step));
+        batch = rollout->generate(prompts, sampling).to(device);
+        const auto rs = rollout->stats();
+        m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
+        step_tokens = rs.prompt_tokens + rs.generated_tokens;
+        // reward
+        const auto w0 = clock::now();
+        const auto scores = detail::score_rollout(batch, reward, parts.decode);
+        const auto finite = at::isfinite(scores);
+        const auto bad = (~finite).sum().template item<int64_t>();
+        const auto ok = scores.masked_select(finite).to(at::kDouble);
+        m["reward_mean"] = ok.numel() > 0 ? ok.mean().template item<double>() : NAN;
+        m["reward_std"] = ok.numel() > 1 ? ok.std(/*unbiased=*/false).template item<double>() : 0.0;
+        m["reward_nonfinite"] = static_cast<double>(bad);
+        if (bad > 0) {
+          train = false;  // reported, not trained on
+          if (parts.progress != nullptr) {
+            std::fprintf(parts.progress, "step %lld: %lld of %lld rewards are NaN or infinite; the step is not trained on\n",
+                         static_cast<long long>(step), static_cast<long long>(bad), static_cast<long long>(scores.numel()));
+          }
+        }
+        batch.set(keys::scores, scores);
+        const auto lens = batch.tensor(keys::response_mask).to(at::kDouble).sum(1);
+        m["response_length_mean"] = lens.mean().template item<double>();
+        m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
+      } else {
+        batch = got->to(device);
+      }
+      // the reference's scores of the whole batch, once per step
+      double t_ref = 0;
+      if (reference && train) {
+        const auto r0 = clock::now();
+        const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
+        std::map<std::string, std::vector<at::Tensor>> got_keys;
+        for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
+          for (auto& [k, v] : score_micro(micro, ref_keys, detail::frozen_forward(*reference, lp))) {
+            got_keys[k].push_back(v);
+          }
+        }
+        for (auto& [k, v] : got_keys) batch.set(k, at::cat(v));
+        t_ref = std::chrono::duration<double>(clock::now() - r0).count();
+      }
+      if constexpr (has_rollout) {
+        if (train) {
+          // old log-probs: the policy before this step's updates, without grad
+          const auto l0 = clock::now();
+          {
+            c10::NoGradGuard ng;
+            std::vector<at::Tensor> lps, ents;
+            for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
+              auto scored = engine.forward(detail::part_of(micro, ""));
+              lps.push_back(scored.tensor(keys::log_probs).to(at::kFloat));
+              if (scored.has_tensor(keys::entropy.str())) ents.push_back(scored.tensor(keys::entropy).to(at::kFloat));
+            }
+            batch.set(keys::old_log_probs, at::cat(lps));
+            const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
+            const auto n = mask.sum().clamp_min(1.0);
+            if (!ents.empty()) m["entropy"] = (at::cat(ents) * mask).sum().div(n).template item<double>();
+            m["rollout/log_prob_diff"] =
+                ((batch.tensor(keys::rollout_log_probs).to(at::kFloat) - batch.tensor(keys::old_log_probs)).abs() * mask)
+                    .sum().div(n).template item<double>();
+            if (batch.has_tensor(keys::ref_log_probs.str())) {
+              m["kl"] = ((batch.tensor(keys::old_log_probs) - batch.tensor(keys::ref_log_probs)) * mask)
+                            .sum().div(n).template item<double>();
+            }
+          }
+          m["time/old_log_prob"] = std::chrono::duration<double>(clock::now() - l0).count();
+          // advantages
+          const auto a0 = clock::now();
+          batch.require(advantage_reads, "the algorithm's compute_advantages");
+          algorithm_type::compute_advantages(batch, o.algorithm(), state);
+          m["time/advantage"] = std::chrono::duration<double>(clock::now() - a0).count();
+        }
+      }
+      // the update: ppo_epochs passes of mini-batches of micro-batches
+      const auto u0 = clock::now();
+      std::map<std::string, double> sums;  // each mini-batch's metrics, averaged over the updates
+      double loss_sum = 0, grad_sum = 0, lr = 0;
+      int64_t updates = 0, skipped = 0;
+      for (int64_t epoch = 0; epoch < g.ppo_epochs() && train; ++epoch) {
+        for (auto& mini : batch.split(mini_rows)) {
+          {  // keys the algorithm's prepare hook reads (KTO's z0): the policy without grad
+            c10::NoGradGuard ng;
+            std::map<std::string, std::vector<at::Tensor>> v;
+            for (const auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
+              for (auto& [k, x] : score_micro(micro, prepare_keys, engine_forward)) v[k].push_back(x);
+            }
+            for (auto& [k, x] : v) mini.set(k, at::cat(x).to(at::kFloat));
+          }
+          mini.require(prepares, "the algorithm's prepare_mini_batch");
+          algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, nullptr);
+          LossCounts counts;
+          counts.global_sequences = mini.size();
+          counts.global_tokens = mini.has_tensor("response_mask")
+                                     ? mini.tensor("response_mask").sum().template item<int64_t>()
+                                     : 0;
+          counts.data_parallel_size = g.data_parallel_size();
+          at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+          MetricAggregator agg;
+          for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
+            for (auto& [k, x] : score_micro(micro, loss_keys, engine_forward)) micro.set(k, x);
+            micro.require(reads, "the algorithm's loss");
+            auto out = algorithm_type::loss(micro, o.algorithm(), state, counts);
+            engine.backward(out.loss);
+            mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
+            agg.add(out);
+          }
+          const auto norm = engine.step();
+          const auto& last = engine.last_step();
+          lr = last.lr;
+          skipped += last.skipped ? 1 : 0;
+          loss_sum += mini_loss.template item<double>();
+          for (const auto& [name, v] : agg.result()) sums[name] += v;
+          grad_sum += norm.template item<double>();
+          ++updates;
+        }
+      }
+      if (train) algorithm_type::after_step(batch, o.algorithm(), state, nullptr);
+      const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
+      if constexpr (has_rollout) {  // the new weights to the rollout engine
+        const auto s0 = clock::now();
+        if (train) sync_weights();
+        m["time/weight_sync"] = std::chrono::duration<double>(clock::now() - s0).count();
+      }
+      const double t_step = std::chrono::duration<double>(clock::now() - t0).count();
+      if (updates > 0) {
+        for (const auto& [name, v] : sums) m[name] = v / static_cast<double>(updates);
+        m["loss"] = loss_sum / static_cast<double>(updates);
+        m["grad_norm"] = grad_sum / static_cast<double>(updates);
+        m["lr"] = lr;
+      }
+      if (m.count("actor/pg_clipfrac") != 0) m["clip_frac"] = m["actor/pg_clipfrac"];
+      m["skipped_updates"] = static_cast<double>(skipped);
+      m["skipped_step"] = train ? 0.0 : 1.0;
+      m["epoch"] = static_cast<double>(info.epoch);
+      m["time/ref"] = t_ref;
+      m["time/update"] = t_update;
+      m["time/step"] = t_step;
+      m["tokens_per_s"] = t_step > 0 ? static_cast<double>(step_tokens) / t_step : 0.0;
+      const auto mem = detail::memory_use(device);
+      m["memory/allocated_gb"] = mem.allocated_gb;
+      m["memory/reserved_gb"] = mem.reserved_gb;
+      m["memory/peak_gb"] = mem.peak_gb;
+      log.log(step, m);
+      result.last_metrics = std::move(m);
+      if (t.save_every() > 0 && step % t.save_every() == 0 && step < total) save();
+      if (parts.on_step) parts.on_step(step, result.last_metrics);
+    }
+    result.steps = step;
+    save();
+    log.write_plot();
+    if (!t.output_dir().empty() && t.save_model()) {
+      const auto dir = (std::filesystem::path(t.output_dir()) / "model").string();
+      save_pretrained(policy, dir);
+      for (const auto& f : parts.tokenizer_files) {
+        std::filesystem::copy_file(f, std::filesystem::path(dir) / std::filesystem::path(f).filename(),
+                                   std::filesystem::copy_options::overwrite_existing);
+      }
+    }
+    return result;
+  }
+
+  /// The keys of `lists` that `source` produces, each once.
+  static std::vector<ScoredKey> scored_keys(KeySource source, std::initializer_list<std::vector<Key>> lists) {
+    std::vector<ScoredKey> out;
+    std::set<std::string> seen;
+    for (const auto& l : lists) {
+      for (const auto& key : l) {
+        auto k = scored_key(key.name);
+        if (k.source == source && seen.insert(k.key).second) out.push_back(std::move(k));
+      }
+    }
+    return out;
+  }
+
+  /// score_keys with the loader's packing when it packs (Loader<Packed>).
+  template <class Forward>
+  std::map<std::string, at::Tensor> score_micro(const TensorBatch& micro, const std::vector<ScoredKey>& keys,
+                                                Forward&& forward) const {
+    if constexpr (requires(const TensorBatch& b) { loader_type::pack(b, options_.loader()); }) {
+      const auto& lo = options_.loader();
+      auto pack = [&lo](const TensorBatch& b) { return loader_type::pack(b, lo); };
+      return detail::score_keys(micro, keys, forward, &pack);
+    } else {
+      return detail::score_keys(micro, keys, forward, static_cast<const std::nullptr_t*>(nullptr));
+    }
+  }
+
+  /// The CPU generator's state under "rng.cpu" (the fit loop draws nothing itself; a user's hook
+  /// may).
+  static void save_rng(std::map<std::string, at::Tensor>& tensors) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors["rng.cpu"] = gen.get_state();
+  }
+  static void restore_rng(const std::map<std::string, at::Tensor>& tensors) {
+    auto it = tensors.find("rng.cpu");
+    if (it == tensors.end()) return;
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(it->second);
+  }
+
   Options options_;
 };
 

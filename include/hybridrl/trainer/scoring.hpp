@@ -1,0 +1,254 @@
+#pragma once
+/// \file
+/// The fit loop's scoring: which model computes which key an algorithm reads, and the helpers that
+/// compute them. An algorithm declares the keys its hooks read (`loss_reads`, `prepare_reads`);
+/// the trainer produces each from its name, never from the algorithm's identity:
+/// - `[<part>_]log_probs_sum` (part: chosen, rejected, kl, or none): the policy's summed log-probs
+///   of that part's response tokens (with grad when a loss reads it);
+/// - `ref_[<part>_]log_probs_sum`: the same from the frozen reference (no grad);
+/// - `log_probs`, `entropy`: the policy's per-token values, aligned as core/keys.hpp says (to
+///   `responses` in a rollout batch); `ref_log_probs`: the reference's.
+/// Any other key must already be in the batch (the loader's `desirable`, the rollout's tensors,
+/// `old_log_probs` from the fit loop's old-log-prob pass, `scores`, `advantages`).
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <type_traits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/keys.hpp"
+#include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/data/packing.hpp"
+#include "hybridrl/detail/compat.hpp"
+#include "hybridrl/model/causal_lm.hpp"
+#include "hybridrl/model/log_probs.hpp"
+#include "hybridrl/trainer/rewards.hpp"
+
+namespace hybridrl {
+
+/// Decodes token ids to text (a tokenizer's decode), for rewards that read the response text.
+using DecodeFn = std::function<std::string(const std::vector<int64_t>&)>;
+
+/// Who produces a key the algorithm reads.
+enum class KeySource {
+  batch,      ///< already in the batch (loader, rollout, reward, advantages)
+  policy,     ///< the policy's forward
+  reference,  ///< the frozen reference's forward
+};
+
+/// A key the trainer computes: its source, the part of the batch it scores ("chosen_", "kl_", "")
+/// and whether it is a per-sequence sum (else per-token log_probs / entropy).
+struct ScoredKey {
+  std::string key;
+  KeySource source = KeySource::batch;
+  std::string prefix;
+  bool summed = false;
+  std::string field = "log_probs";  ///< the forward's output it is made of (log_probs or entropy)
+};
+
+/// How the trainer produces `key` (see the file comment).
+inline ScoredKey scored_key(std::string_view key) {
+  ScoredKey s{std::string(key)};
+  std::string_view k = key;
+  bool ref = false;
+  if (k.rfind("ref_", 0) == 0) {
+    ref = true;
+    k.remove_prefix(4);
+  }
+  constexpr std::string_view sum = "log_probs_sum";
+  if (k.size() >= sum.size() && k.substr(k.size() - sum.size()) == sum) {
+    const auto part = k.substr(0, k.size() - sum.size());
+    if (part.empty() || part == "chosen_" || part == "rejected_" || part == "kl_") {
+      s.source = ref ? KeySource::reference : KeySource::policy;
+      s.prefix = std::string(part);
+      s.summed = true;
+    }
+    return s;
+  }
+  if (k == "log_probs" || (!ref && k == "entropy")) {
+    s.source = ref ? KeySource::reference : KeySource::policy;
+    s.field = std::string(k);
+  }
+  return s;
+}
+
+namespace detail {
+
+/// The tensors of one part of an offline batch under their plain names: "<prefix>input_ids" →
+/// "input_ids" (attention_mask, position_ids, response_mask alike); a rollout batch's part ""
+/// keeps `responses`, so the forward aligns its results to them.
+inline TensorBatch part_of(const TensorBatch& b, const std::string& prefix) {
+  std::map<std::string, at::Tensor> t;
+  if (prefix.empty() && b.has_tensor("responses")) t.emplace("responses", b.tensor("responses"));
+  for (const char* k : {"input_ids", "attention_mask", "position_ids", "response_mask"}) {
+    const auto name = prefix + k;
+    if (b.has_tensor(name)) t.emplace(k, b.tensor(name));
+  }
+  HYBRIDRL_CHECK(t.count("input_ids") != 0 && t.count("response_mask") != 0,
+                 fmt::format("the batch has no '{}input_ids' and '{}response_mask' to score (it has {})", prefix,
+                             prefix, fmt::join(b.tensor_keys(), ", ")),
+                 "use the loader of the algorithm's data kind (docs/data.md lists each kind's keys)");
+  return TensorBatch(std::move(t));
+}
+
+/// Σ over response tokens of `log_probs` [B, T] under `response_mask` [B, T] → [B].
+inline at::Tensor masked_sum(const at::Tensor& log_probs, const at::Tensor& response_mask) {
+  return (log_probs * response_mask.to(log_probs.device()).to(log_probs.scalar_type())).sum(-1);
+}
+
+/// The tensors of the parts (roles) that `keys` score, under their prefixed names.
+inline TensorBatch roles_of(const TensorBatch& b, const std::vector<ScoredKey>& keys) {
+  std::vector<std::string> names;
+  std::set<std::string> prefixes;
+  for (const auto& k : keys) prefixes.insert(k.prefix);
+  for (const auto& p : prefixes) {
+    for (const char* k : {"input_ids", "attention_mask", "position_ids", "response_mask"}) {
+      if (b.has_tensor(p + k)) names.push_back(p + k);
+    }
+  }
+  return b.select(names);
+}
+
+/// Computes `keys` (all from one model) of micro-batch `micro` → key → tensor. `forward(rows)`
+/// runs the model over a batch of rows (input_ids, attention_mask, position_ids, and cu_seqlens
+/// when packed) and returns its `log_probs` (and `entropy`) aligned to input_ids. `pack`, when
+/// given, packs the micro-batch's parts into rows (Loader<Packed>): one forward for every part
+/// (DPO's chosen and rejected together); without it each part is one padded forward.
+template <class Forward, class Pack>
+std::map<std::string, at::Tensor> score_keys(const TensorBatch& micro, const std::vector<ScoredKey>& keys,
+                                             Forward&& forward, const Pack* pack) {
+  std::map<std::string, at::Tensor> out;
+  if (keys.empty()) return out;
+  if constexpr (!std::is_same_v<Pack, std::nullptr_t>) {
+    if (pack != nullptr) {
+      const auto p = (*pack)(roles_of(micro, keys));
+      const auto scored = forward(p.rows);
+      const auto& lp = scored.tensor(keys::log_probs);
+      for (const auto& k : keys) {
+        if (k.summed) {
+          out[k.key] = unpack_sum(p, lp * p.rows.tensor(keys::response_mask).to(lp.scalar_type()), k.prefix);
+        } else {
+          auto x = unpack(p, scored.tensor(k.field), "");
+          if (micro.has_tensor("responses")) {  // a rollout batch: aligned to the responses
+            const auto R = micro.tensor("responses").size(1);
+            x = x.narrow(1, x.size(1) - R, R);
+          }
+          out[k.key] = x;
+        }
+      }
+      return out;
+    }
+  }
+  std::map<std::string, TensorBatch> by_part;
+  for (const auto& k : keys) {
+    auto it = by_part.find(k.prefix);
+    if (it == by_part.end()) it = by_part.emplace(k.prefix, forward(part_of(micro, k.prefix))).first;
+    out[k.key] = k.summed ? masked_sum(it->second.tensor(keys::log_probs), micro.tensor(k.prefix + "response_mask"))
+                          : it->second.tensor(k.field);
+  }
+  return out;
+}
+
+/// A forward of the frozen `model` (no grad) in score_keys' form: log_probs of rows (aligned to
+/// `responses` when the rows have them, as the engines' forward).
+inline auto frozen_forward(const CausalLM& model, LogProbOptions o) {
+  o.with_entropy(false);
+  return [model, o](const TensorBatch& rows) {
+    c10::NoGradGuard g;
+    ForwardArgs args;
+    if (rows.has_tensor("attention_mask")) args.attention_mask(rows.tensor("attention_mask"));
+    if (rows.has_tensor("position_ids")) args.position_ids(rows.tensor("position_ids"));
+    if (rows.has_tensor("cu_seqlens")) args.cu_seqlens(rows.tensor("cu_seqlens"));
+    const auto dev = model->parameters().front().device();
+    auto r = token_log_probs(model, rows.tensor("input_ids").to(dev), args, o);
+    auto lp = r.log_probs.to(at::kFloat);
+    if (rows.has_tensor("responses") && !rows.has_tensor("cu_seqlens")) {
+      const auto R = rows.tensor("responses").size(1);
+      lp = lp.narrow(1, lp.size(1) - R, R);
+    }
+    return TensorBatch({{keys::log_probs.str(), lp}});
+  };
+}
+
+/// Scores every row of a rollout batch with `reward` → float32 [B] on the batch's device (NaN or
+/// infinite where the reward said so: the caller checks). A row's RewardInput holds its dataset
+/// fields (answer, data_source, uid and the line's others), its prompt text (the `prompt` column),
+/// its response ids (up to the response mask's end, EOS included) and their text by `decode` (""
+/// without one).
+inline at::Tensor score_rollout(const TensorBatch& batch, const BatchRewardFn& reward, const DecodeFn& decode) {
+  const auto B = batch.size();
+  const auto resp = batch.tensor(keys::responses).to(at::kCPU).to(at::kLong).contiguous();
+  const auto lens = batch.tensor(keys::response_mask).to(at::kCPU).to(at::kLong).sum(1).contiguous();
+  std::vector<nlohmann::json> rows(static_cast<size_t>(B), nlohmann::json::object());
+  std::vector<std::vector<int64_t>> ids(static_cast<size_t>(B));
+  std::vector<std::string> texts(static_cast<size_t>(B)), prompts(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    auto& row = rows[static_cast<size_t>(b)];
+    for (const auto& key : {keys::answer, keys::data_source, keys::uid}) {
+      if (batch.has_column(key.str())) row[key.str()] = batch.column(key.str())[static_cast<size_t>(b)];
+    }
+    if (batch.has_column(keys::extra.str())) {
+      const auto& extra = batch.column(keys::extra.str())[static_cast<size_t>(b)];
+      if (extra.is_object()) {
+        for (const auto& [k, v] : extra.items()) row[k] = v;
+      }
+    }
+    if (batch.has_column(keys::prompt_text.str())) {
+      const auto& p = batch.column(keys::prompt_text.str())[static_cast<size_t>(b)];
+      if (p.is_string()) prompts[static_cast<size_t>(b)] = p.get<std::string>();
+    }
+    const auto n = lens[b].item<int64_t>();
+    const auto* r = resp.data_ptr<int64_t>() + b * resp.size(1);
+    ids[static_cast<size_t>(b)].assign(r, r + n);
+    if (decode) texts[static_cast<size_t>(b)] = decode(ids[static_cast<size_t>(b)]);
+  }
+  std::vector<RewardInput> in(static_cast<size_t>(B));
+  for (size_t b = 0; b < in.size(); ++b) in[b] = RewardInput{&rows[b], prompts[b], texts[b], ids[b]};
+  const auto scores = reward(in);
+  HYBRIDRL_CHECK(static_cast<int64_t>(scores.size()) == B,
+                 fmt::format("the reward returned {} scores for {} responses", scores.size(), B),
+                 "return one score per input, in order");
+  std::vector<float> f(scores.begin(), scores.end());
+  return at::tensor(f, at::kFloat).to(batch.tensor(keys::responses).device());
+}
+
+/// Bytes of memory in use: the caching allocator's on CUDA, the process's resident set on the CPU
+/// (peak: the largest resident set so far).
+struct MemoryUse {
+  double allocated_gb = 0, reserved_gb = 0, peak_gb = 0;
+};
+inline MemoryUse memory_use(const at::Device& device) {
+  constexpr double GB = 1024.0 * 1024.0 * 1024.0;
+  MemoryUse m;
+  if (device.is_cuda()) {
+    const auto c = compat::cuda_memory(device.index() < 0 ? 0 : device.index());
+    m.allocated_gb = static_cast<double>(c.allocated) / GB;
+    m.reserved_gb = static_cast<double>(c.reserved) / GB;
+    m.peak_gb = static_cast<double>(c.peak_allocated) / GB;
+    return m;
+  }
+  std::ifstream statm("/proc/self/statm");
+  long long pages = 0, resident = 0;
+  if (statm >> pages >> resident) {
+    m.allocated_gb = m.reserved_gb = static_cast<double>(resident) * 4096.0 / GB;
+  }
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) == 0) m.peak_gb = static_cast<double>(ru.ru_maxrss) * 1024.0 / GB;
+  return m;
+}
+
+}  // namespace detail
+}  // namespace hybridrl
