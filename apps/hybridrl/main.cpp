@@ -1,7 +1,8 @@
 // hybridrl — the command-line program. Subcommands (DESIGN.md, "The command line"):
 //   hybridrl info [--json]     the device report: LibTorch, CUDA devices, NCCL, fused attention
 //   hybridrl generate --input in.jsonl --output out.jsonl [key=value ...]   offline generation
-// `train` and `tokenize` are added by the trainer and tokenizer issues.
+//   hybridrl train [--config run.yaml] [--print-config] [key=value ...]   one training run
+// `tokenize` is added by the tokenizer issue.
 // Exit codes: 0 ok, 1 a hybridrl::Error (bad input: the message says the problem and the fix),
 // 2 a command-line usage error, 3 any other failure.
 #include <hybridrl/core/device.hpp>
@@ -11,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "generate.hpp"
+#include "train.hpp"
 
 #include <cstdio>
 #include <exception>
@@ -41,6 +43,18 @@ int main(int argc, char** argv) {
   generate->add_option("overrides", overrides, "key=value settings, e.g. model.path=DIR rollout.n=4");
   int exit_code = 0;
   generate->callback([&] { exit_code = hybridrl::app::run_generate(input, output, overrides); });
+
+  auto* train = app.add_subcommand(
+      "train", "one training run (GRPO, DPO, KTO) from a configuration file and key=value overrides; precedence "
+               "defaults < --config file < HYBRIDRL_* environment < command line");
+  std::string config_file;
+  bool print_config = false;
+  std::vector<std::string> train_overrides;
+  train->add_option("--config", config_file, "YAML or JSON configuration file");
+  train->add_flag("--print-config", print_config, "print the effective configuration and exit");
+  train->add_option("overrides", train_overrides, "key=value settings, e.g. task.name=reverse model.init=tiny");
+  train->footer(hybridrl::app::train_keys_help());
+  train->callback([&] { exit_code = hybridrl::app::run_train(config_file, train_overrides, print_config); });
 
   try {
     app.parse(argc, argv);

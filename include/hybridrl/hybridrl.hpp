@@ -29,5 +29,6 @@
 #include "hybridrl/trainer/checkpoint.hpp"
 #include "hybridrl/trainer/trainer.hpp"
 #include "hybridrl/trainer/rewards.hpp"
+#include "hybridrl/trainer/tasks.hpp"
 #include "hybridrl/trainer/balance.hpp"
 #include "hybridrl/trainer/presets.hpp"

@@ -135,6 +135,9 @@ struct FitParts {
   /// Decodes response ids to text for the reward (online; a tokenizer's decode). Without it the
   /// reward sees the response ids only.
   DecodeFn decode;
+  /// The configuration saved as run_config.json; default: the trainer's Options (a program with
+  /// more keys, as `hybridrl train`, passes its whole configuration).
+  std::optional<nlohmann::json> run_config;
   /// dtype of the rollout engine's copy of the weights (online); default: the policy's.
   std::optional<at::ScalarType> rollout_dtype;
   /// Called after each step is logged (and checkpointed when due) with its number and metrics;
@@ -415,6 +418,13 @@ class Trainer {
     // the reference before the policy changes (a resumed run gets the same one)
     std::optional<CausalLM> reference = std::move(parts.reference);
     if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = make_reference(policy);
+    if constexpr (requires { o.sharding().param_dtype(); }) {
+      // the reference computes at the policy's precision (mixed precision: under the same autocast),
+      // so both agree while the policy has not moved
+      if (reference && o.sharding().param_dtype() != (*reference)->parameters().front().scalar_type()) {
+        (*reference)->model->set_layer_runner(autocast_runner(o.sharding().param_dtype(), default_layer_runner()));
+      }
+    }
     const auto device = policy->parameters().front().device();
     auto engine = sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
     auto state = algorithm_type::make_state(o.algorithm());
@@ -443,7 +453,7 @@ class Trainer {
     if (!t.output_dir().empty()) {
       saver.emplace((std::filesystem::path(t.output_dir()) / "checkpoints").string(), t.keep_last());
       io::write_file_atomic((std::filesystem::path(t.output_dir()) / "run_config.json").string(),
-                            to_json(o).dump(2) + "\n");
+                            parts.run_config.value_or(to_json(o)).dump(2) + "\n");
     }
     RunLog log(RunLog::Options{t.output_dir(), total, step, t.log_every(), t.plot_every(), t.tensorboard(),
                                parts.progress});

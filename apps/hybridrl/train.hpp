@@ -1,0 +1,328 @@
+#pragma once
+// `hybridrl train`: one training run from a configuration file, the environment and key=value
+// overrides (precedence defaults < file < HYBRIDRL_* environment < command line).
+//   hybridrl train [--config run.yaml] [--print-config] [key=value ...]
+// `algorithm.name` (grpo | dpo | kto) and `rollout.name` (paged | naive) choose, once at start, one
+// of the trainer types compiled here; every other key belongs to that trainer's Options or to the
+// program's own tables: model.* (a Hugging Face checkpoint, or model.init=tiny for a small random
+// model with the byte tokenizer), task.* (a built-in task instead of data.train_files) and
+// reward.name (online). Every key is checked before the model is loaded: an unknown one names
+// the nearest valid spelling.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <hybridrl/hybridrl.hpp>
+#if HYBRIDRL_WITH_YAML
+#include <hybridrl/core/options_yaml.hpp>
+#endif
+
+namespace hybridrl::app {
+
+/// model.*: where the policy comes from and where it trains.
+struct TrainModelOptions {
+  /// A Hugging Face checkpoint directory (config.json + safetensors; tokenizer.model when present).
+  HYBRIDRL_ARG(std::string, path) = "";
+  /// Instead of a checkpoint: `tiny`, a randomly initialised 2-layer Llama with the byte tokenizer
+  /// (for built-in tasks and smoke runs).
+  HYBRIDRL_ARG(std::string, init) = "";
+  /// Master dtype of the trained weights.
+  HYBRIDRL_ARG(at::ScalarType, dtype) = at::kFloat;
+  /// cpu, cuda, cuda:1, ...
+  HYBRIDRL_ARG(std::string, device) = "cpu";
+  HYBRIDRL_FIELDS(path, init, dtype, device)
+
+  void validate() const {
+    HYBRIDRL_CHECK(path_.empty() != init_.empty(),
+                   path_.empty() ? std::string("neither path nor init is set") : std::string("both path and init are set"),
+                   "pass model.path=DIR (a Hugging Face checkpoint) or model.init=tiny, one of them");
+    HYBRIDRL_CHECK(init_.empty() || init_ == "tiny", fmt::format("init = \"{}\" is not a built-in model", init_),
+                   "use model.init=tiny");
+    try {
+      (void)at::Device(device_);
+    } catch (const std::exception&) {
+      throw Error(fmt::format("device = \"{}\" is not a device", device_), "use cpu, cuda or cuda:<index>");
+    }
+  }
+};
+
+/// reward.*: what scores an online run's responses.
+struct TrainRewardOptions {
+  /// task (the built-in task's), exact_match, gsm8k, gsm8k_flexible or boxed_math; empty: task when
+  /// task.name is set.
+  HYBRIDRL_ARG(std::string, name) = "";
+  HYBRIDRL_FIELDS(name)
+  void validate() const {}
+};
+
+/// The whole configuration of one trainer type T: the program's tables, then T's.
+template <class T>
+struct TrainConfig {
+  HYBRIDRL_ARG(TrainModelOptions, model) = {};
+  HYBRIDRL_ARG(TaskOptions, task) = {};
+  HYBRIDRL_ARG(TrainRewardOptions, reward) = {};
+  HYBRIDRL_ARG(typename T::Options, run) = {};
+
+  template <class Self, class F>
+  static void visit_fields(Self& self, F&& f) {
+    f("model", self.model_);
+    f("task", self.task_);
+    if constexpr (T::has_rollout) f("reward", self.reward_);
+    T::Options::visit_fields(self.run_, f);
+  }
+  void validate() const {
+    detail::validate_member(model_, "model");
+    detail::validate_member(task_, "task");
+    run_.validate();
+    HYBRIDRL_CHECK(!task_.name().empty() || !run_.data().train_files().empty(),
+                   "neither task.name nor data.train_files is set", "pass task.name=reverse (a built-in task) or data.train_files=[file.jsonl]");
+  }
+};
+
+/// A tokenizer chosen at run time: sentencepiece when the checkpoint has tokenizer.model, else the
+/// byte tokenizer (the fixtures and model.init=tiny).
+struct AnyTokenizer {
+  std::function<std::vector<int64_t>(std::string_view, bool)> encode_fn;
+  std::function<std::string(const std::vector<int64_t>&)> decode_fn;
+  int64_t vocab = 0, bos = -1, eos = -1, pad = -1;
+
+  [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool add_bos = true) const { return encode_fn(text, add_bos); }
+  [[nodiscard]] std::string decode(const std::vector<int64_t>& ids) const { return decode_fn(ids); }
+  [[nodiscard]] int64_t vocab_size() const noexcept { return vocab; }
+  [[nodiscard]] int64_t bos_id() const noexcept { return bos; }
+  [[nodiscard]] int64_t eos_id() const noexcept { return eos; }
+  [[nodiscard]] int64_t pad_id() const noexcept { return pad; }
+
+  template <class Tok>
+  static AnyTokenizer of(std::shared_ptr<Tok> t) {
+    AnyTokenizer a;
+    a.encode_fn = [t](std::string_view s, bool b) { return t->encode(s, b); };
+    a.decode_fn = [t](const std::vector<int64_t>& ids) { return t->decode(ids); };
+    a.vocab = t->vocab_size();
+    a.bos = t->bos_id();
+    a.eos = t->eos_id();
+    a.pad = t->pad_id();
+    return a;
+  }
+};
+
+/// The configuration file and every layer above it, with the two keys that choose the trainer type
+/// taken out: (algorithm.name, rollout.name, the rest).
+struct TrainSources {
+  std::string algorithm = "grpo", rollout = "paged";
+  ConfigSources sources;
+};
+
+/// Removes `table.key` from a parsed file, the environment and the overrides; returns the value the
+/// highest layer gives (file < environment < command line).
+inline std::optional<std::string> take_key(ConfigSources& s, const std::string& table, const std::string& key) {
+  std::optional<std::string> v;
+  if (s.file && s.file->is_object() && s.file->contains(table) && (*s.file)[table].is_object() &&
+      (*s.file)[table].contains(key)) {
+    const auto& x = (*s.file)[table][key];
+    v = x.is_string() ? x.get<std::string>() : x.dump();
+    (*s.file)[table].erase(key);
+    if ((*s.file)[table].empty()) s.file->erase(table);
+  }
+  const auto env = s.env_prefix + table + "__" + key;
+  for (auto it = s.environment.begin(); it != s.environment.end();) {
+    std::string upper = env;
+    for (auto& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (it->first == upper) {
+      v = it->second;
+      it = s.environment.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const auto dotted = table + "." + key + "=";
+  for (auto it = s.overrides.begin(); it != s.overrides.end();) {
+    if (it->rfind(dotted, 0) == 0) {
+      v = it->substr(dotted.size());
+      it = s.overrides.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return v;
+}
+
+/// The small random model of model.init=tiny: 2 layers × 128, 4 heads (2 KV heads), the byte
+/// tokenizer's 259-token vocabulary, 256 positions, tied embeddings; initialised from `seed` as
+/// transformers initialises a Llama.
+inline CausalLM tiny_model(uint64_t seed, at::ScalarType dtype, at::Device device) {
+  ModelConfig c;
+  const ByteTokenizer bt;
+  c.vocab_size = bt.vocab_size();
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.max_position_embeddings = 256;
+  c.bos_token_id = bt.bos_id();
+  c.eos_token_id = bt.eos_id();
+  c.tie_word_embeddings = true;
+  torch::manual_seed(static_cast<int64_t>(seed));
+  CausalLM m(c);
+  {  // as transformers initialises a Llama: matrices ~ N(0, initializer_range), norms 1
+    c10::NoGradGuard g;
+    for (auto& p : m->parameters()) {
+      if (p.dim() >= 2) p.normal_(0.0, c.initializer_range);
+    }
+  }
+  m->to(device, dtype);
+  return m;
+}
+
+/// The data of a run: the built-in task's, or the JSONL files' (read in order into one dataset).
+template <class Dataset>
+std::shared_ptr<const Dataset> read_train_data(const TaskOptions& task, const std::vector<std::string>& files,
+                                               const AnyTokenizer& tok) {
+  std::stringstream text;
+  std::string source;
+  if (!task.name().empty()) {
+    text << task_jsonl(task, Dataset::data_kind);
+    source = "task " + task.name();
+  } else {
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      HYBRIDRL_CHECK(in.good(), fmt::format("cannot open data.train_files entry '{}'", f),
+                     "give JSONL files that exist (data.train_files=[a.jsonl, b.jsonl])");
+      text << in.rdbuf() << '\n';
+      source += (source.empty() ? "" : "+") + f;
+    }
+  }
+  return std::make_shared<const Dataset>(Dataset::from_stream(text, source, tok));
+}
+
+/// Runs one trainer type T over `src`; `print_only`: print the effective configuration and stop.
+template <class T, class Dataset>
+int run_train_as(const TrainSources& src, bool print_only) {
+  auto cfg = configure(TrainConfig<T>{}, src.sources);
+  cfg.validate();
+  const T trainer(cfg.run());
+  TrainConfig<T> effective = cfg;
+  effective.run(trainer.options());
+  std::fprintf(stderr, "hybridrl train: algorithm.name = %s%s\n%s", src.algorithm.c_str(),
+               T::has_rollout ? fmt::format(", rollout.name = {}", src.rollout).c_str() : "",
+               describe(effective).c_str());
+  if (print_only) return 0;
+  // the model and its tokenizer
+  const auto& mo = cfg.model();
+  const at::Device device(mo.device());
+  CausalLM policy = nullptr;
+  AnyTokenizer tok;
+  std::vector<std::string> tokenizer_files;
+  if (!mo.init().empty()) {
+    policy = tiny_model(cfg.run().trainer().seed(), mo.dtype(), device);
+    tok = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+  } else {
+    policy = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(device));
+    const auto spm = std::filesystem::path(mo.path()) / "tokenizer.model";
+    if (std::filesystem::exists(spm)) {
+#if HYBRIDRL_WITH_SENTENCEPIECE
+      tok = AnyTokenizer::of(std::make_shared<SentencePieceTokenizer>(mo.path()));
+      tokenizer_files.push_back(spm.string());
+#else
+      throw Error(fmt::format("'{}' has a tokenizer.model but this build has no sentencepiece", mo.path()),
+                  "build hybridrl with libsentencepiece-dev");
+#endif
+    } else {
+      tok = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+    }
+  }
+  check_vocabulary(tok, policy->config());
+  auto data = read_train_data<Dataset>(cfg.task(), cfg.run().data().train_files(), tok);
+  FitParts parts;
+  parts.tokenizer_files = tokenizer_files;
+  parts.run_config = to_json(effective);
+  FitResult r;
+  if constexpr (T::has_rollout) {
+    auto name = cfg.reward().name();
+    if (name.empty()) name = cfg.task().name().empty() ? "exact_match" : "task";
+    const RewardFn reward = name == "task" ? task_reward() : builtin_reward(name);
+    parts.decode = [tok](const std::vector<int64_t>& ids) { return tok.decode(ids); };
+    r = T(cfg.run()).fit(policy, data, batched(reward), parts);
+  } else {
+    r = T(cfg.run()).fit(policy, data, parts);
+  }
+  std::fprintf(stderr, "hybridrl train: done, %lld steps%s%s\n", static_cast<long long>(r.steps),
+               r.resumed_from > 0 ? fmt::format(" (resumed from step {})", r.resumed_from).c_str() : "",
+               r.last_checkpoint.empty() ? "" : fmt::format("; last checkpoint {}", r.last_checkpoint).c_str());
+  return 0;
+}
+
+/// The trainer types this program compiles, by algorithm.name and rollout.name.
+using TrainGRPOPaged = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
+using TrainGRPONaive = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
+using TrainDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
+using TrainKTO = Trainer<Algorithm<KTO>, Sharding<FSDP>, Loader<Bucketed>>;
+
+/// `hybridrl train`: reads the configuration (`config_file`, the HYBRIDRL_* environment,
+/// `overrides`), picks the trainer type and runs it. Returns the exit code (errors throw).
+inline int run_train(const std::string& config_file, const std::vector<std::string>& overrides, bool print_only) {
+  TrainSources s;
+  if (!config_file.empty()) {
+    HYBRIDRL_CHECK(std::filesystem::exists(config_file), fmt::format("cannot open the configuration '{}'", config_file),
+                   "pass --config with a YAML or JSON file that exists");
+    const auto ext = std::filesystem::path(config_file).extension().string();
+    if (ext == ".json") {
+      std::ifstream in(config_file);
+      try {
+        s.sources.file = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("'{}' is not valid JSON ({})", config_file, e.what()), "fix the file's syntax");
+      }
+    } else {
+#if HYBRIDRL_WITH_YAML
+      s.sources.file = read_yaml_file(config_file);
+      s.sources.file_scalars_are_text = true;
+#else
+      throw Error(fmt::format("'{}' is YAML but this build has no yaml-cpp", config_file),
+                  "pass a .json configuration, or build hybridrl with libyaml-cpp-dev");
+#endif
+    }
+    s.sources.file_name = config_file;
+  }
+  s.sources.environment = environment_variables();
+  s.sources.overrides = overrides;
+  if (auto a = take_key(s.sources, "algorithm", "name")) s.algorithm = *a;
+  if (auto r = take_key(s.sources, "rollout", "name")) s.rollout = *r;
+  if (s.algorithm == "grpo") {
+    HYBRIDRL_CHECK(s.rollout == "paged" || s.rollout == "naive",
+                   fmt::format("rollout.name = \"{}\" is not one of paged, naive", s.rollout), "use rollout.name=paged or naive");
+    return s.rollout == "paged" ? run_train_as<TrainGRPOPaged, PromptDataset>(s, print_only)
+                                : run_train_as<TrainGRPONaive, PromptDataset>(s, print_only);
+  }
+  if (s.algorithm == "dpo") return run_train_as<TrainDPO, PreferenceDataset>(s, print_only);
+  if (s.algorithm == "kto") return run_train_as<TrainKTO, LabelledDataset>(s, print_only);
+  throw Error(fmt::format("algorithm.name = \"{}\" is not one of grpo, dpo, kto", s.algorithm),
+              s.algorithm == "ppo" || s.algorithm == "sft"
+                  ? std::string("this build's hybridrl train runs grpo, dpo and kto (ppo and sft come with the trainer issue's next step)")
+                  : std::string("use algorithm.name=grpo, dpo or kto"));
+}
+
+/// Every key of the default trainer type (GRPO, Rollout<Paged>) with its type and default, for --help.
+inline std::string train_keys_help() {
+  return "configuration keys (algorithm.name=grpo rollout.name=paged; other algorithms: --print-config):\n"
+         "  algorithm.name  <one of {grpo, dpo, kto}> (default: grpo)\n"
+         "  rollout.name  <one of {paged, naive}> (default: paged)\n" +
+         help<TrainConfig<TrainGRPOPaged>>();
+}
+
+}  // namespace hybridrl::app

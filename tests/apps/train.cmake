@@ -1,0 +1,112 @@
+# End-to-end checks of `hybridrl train` (run by ctest with -P). Variables:
+#   EXE  the hybridrl program   FIXTURES  tests/fixtures   WORK  a scratch directory   MODE  below
+# grpo: GRPO on the built-in reverse task with model.init=tiny through Rollout<Paged>: exit 0, a
+#   progress line, one metrics.jsonl line per step with the issue's keys, a checkpoint, the final
+#   Hugging Face model; run again with more steps it resumes from the checkpoint (trainer.resume=auto).
+# dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
+#   the first step's loss is ln 2 (policy = reference).
+# errors: a mistyped key names the nearest one; an unknown algorithm and a run without data are
+#   refused with exit 1 before any model is loaded.
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+
+function(run_train rc_var err_var)
+  execute_process(COMMAND ${EXE} train ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(${rc_var} ${rc} PARENT_SCOPE)
+  set(${err_var} "${out}${err}" PARENT_SCOPE)
+endfunction()
+
+function(line_count path out_var)
+  file(STRINGS ${path} lines)
+  list(LENGTH lines n)
+  set(${out_var} ${n} PARENT_SCOPE)
+endfunction()
+
+if(MODE STREQUAL "grpo")
+  set(args task.name=reverse model.init=tiny trainer.output_dir=${WORK}/run trainer.save_every=2
+    data.train_batch_size=4 rollout.n=4 rollout.max_new_tokens=4 rollout.kv_cache_tokens=2048
+    geometry.ppo_mini_batch_size=4 geometry.micro_batch_size_per_gpu=16 optim.lr=1e-3)
+  run_train(rc err ${args} trainer.total_steps=4)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "hybridrl train failed (${rc}): ${err}")
+  endif()
+  if(NOT err MATCHES "step 4/4 \\(100%\\) \\| [0-9.]+ s/step \\| ETA [0-9]+s \\| reward_mean")
+    message(FATAL_ERROR "no progress line: ${err}")
+  endif()
+  line_count(${WORK}/run/metrics.jsonl n)
+  if(NOT n EQUAL 4)
+    message(FATAL_ERROR "${n} metrics lines, expected 4")
+  endif()
+  file(STRINGS ${WORK}/run/metrics.jsonl lines)
+  list(GET lines 3 last)
+  foreach(key step reward_mean reward_std kl entropy clip_frac grad_norm lr response_length_mean tokens_per_s
+      time/generate time/ref time/old_log_prob time/advantage time/update time/weight_sync
+      memory/allocated_gb memory/reserved_gb memory/peak_gb)
+    string(JSON v ERROR_VARIABLE e GET "${last}" ${key})
+    if(e)
+      message(FATAL_ERROR "metrics.jsonl has no ${key}: ${last}")
+    endif()
+  endforeach()
+  foreach(f checkpoints/step_00000004/model.safetensors checkpoints/step_00000004/trainer_state.json
+      model/config.json model/model.safetensors metrics.svg run_config.json)
+    if(NOT EXISTS ${WORK}/run/${f})
+      message(FATAL_ERROR "the run wrote no ${f}")
+    endif()
+  endforeach()
+  file(READ ${WORK}/run/run_config.json cfg)
+  string(JSON task GET "${cfg}" task name)
+  if(NOT task STREQUAL "reverse")
+    message(FATAL_ERROR "run_config.json lacks the program's keys: ${cfg}")
+  endif()
+  # more steps on the same output directory: resumed from step 4
+  run_train(rc err ${args} trainer.total_steps=6)
+  if(NOT rc EQUAL 0 OR NOT err MATCHES "done, 6 steps \\(resumed from step 4\\)")
+    message(FATAL_ERROR "the second run did not resume (${rc}): ${err}")
+  endif()
+  line_count(${WORK}/run/metrics.jsonl n)
+  if(NOT n EQUAL 6)
+    message(FATAL_ERROR "${n} metrics lines after the resume, expected 6")
+  endif()
+elseif(MODE STREQUAL "dpo_yaml")
+  file(WRITE ${WORK}/run.yaml "algorithm: {name: dpo, beta: 0.1}\nmodel: {path: ${FIXTURES}/models/llama}\n"
+    "data: {train_files: [${FIXTURES}/data/pairs.jsonl], train_batch_size: 2}\n"
+    "geometry: {ppo_mini_batch_size: 2, micro_batch_size_per_gpu: 1}\n"
+    "trainer: {total_steps: 5, output_dir: ${WORK}/run, save_model: false}\n"
+    "loader: {epochs: 0}\n")
+  run_train(rc err --config ${WORK}/run.yaml trainer.total_steps=2)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "hybridrl train (DPO) failed (${rc}): ${err}")
+  endif()
+  line_count(${WORK}/run/metrics.jsonl n)
+  if(NOT n EQUAL 2)
+    message(FATAL_ERROR "${n} metrics lines, expected 2 (the command line overrides the file's total_steps)")
+  endif()
+  file(STRINGS ${WORK}/run/metrics.jsonl lines)
+  list(GET lines 0 first)
+  string(JSON loss GET "${first}" dpo/loss)
+  if(loss LESS 0.69314 OR loss GREATER 0.69315)
+    message(FATAL_ERROR "the first DPO step's loss is ${loss}, expected ln 2 = 0.693147")
+  endif()
+  if(EXISTS ${WORK}/run/model)
+    message(FATAL_ERROR "trainer.save_model=false wrote the model")
+  endif()
+elseif(MODE STREQUAL "errors")
+  run_train(rc err task.name=reverse model.init=tiny trainer.totl_steps=3)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "did you mean trainer.total_steps")
+    message(FATAL_ERROR "a mistyped key: exit ${rc}, ${err}")
+  endif()
+  run_train(rc err algorithm.name=rloo task.name=reverse model.init=tiny)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "algorithm.name = \"rloo\" is not one of grpo, dpo, kto")
+    message(FATAL_ERROR "an unknown algorithm: exit ${rc}, ${err}")
+  endif()
+  run_train(rc err model.init=tiny)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "neither task.name nor data.train_files is set")
+    message(FATAL_ERROR "a run without data: exit ${rc}, ${err}")
+  endif()
+  run_train(rc err task.name=reverse model.path=${WORK}/nowhere)
+  if(NOT rc EQUAL 1)
+    message(FATAL_ERROR "a missing checkpoint: exit ${rc}, ${err}")
+  endif()
+else()
+  message(FATAL_ERROR "unknown MODE ${MODE}")
+endif()
