@@ -3,6 +3,7 @@
 #   ./scripts/test.sh                 # everything CI runs
 #   BUILD_DIR=build-x ./scripts/test.sh
 #   CTEST_ARGS="-L core" ./scripts/test.sh
+#   SKIP_TESTS=1 ./scripts/test.sh    # install, configure and build only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,7 @@ echo "== configure ($BUILD_DIR, $BUILD_TYPE)"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DHYBRIDRL_WERROR=${HYBRIDRL_WERROR:-ON} ${CMAKE_ARGS:-}
 echo "== build"
 cmake --build "$BUILD_DIR" -j "$JOBS"
+if [[ -n "${SKIP_TESTS:-}" ]]; then exit 0; fi  # set-up and build only (scripts/demo.sh)
 echo "== test"
 # Convergence runs carry the label 'slow' and stay out of the default run.
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -LE slow ${CTEST_ARGS:-}

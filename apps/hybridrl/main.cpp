@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   generate->callback([&] { exit_code = hybridrl::app::run_generate(input, output, overrides); });
 
   auto* train = app.add_subcommand(
-      "train", "one training run (GRPO, DPO, KTO) from a configuration file and key=value overrides; precedence "
+      "train", "one training run (GRPO, DPO, KTO, SFT) from a configuration file and key=value overrides; precedence "
                "defaults < --config file < HYBRIDRL_* environment < command line");
   std::string config_file;
   bool print_config = false;

@@ -2,7 +2,7 @@
 // `hybridrl train`: one training run from a configuration file, the environment and key=value
 // overrides (precedence defaults < file < HYBRIDRL_* environment < command line).
 //   hybridrl train [--config run.yaml] [--print-config] [key=value ...]
-// `algorithm.name` (grpo | dpo | kto) and `rollout.name` (paged | naive) choose, once at start, one
+// `algorithm.name` (grpo | dpo | kto | sft) and `rollout.name` (paged | naive) choose, once at start, one
 // of the trainer types compiled here; every other key belongs to that trainer's Options or to the
 // program's own tables: model.* (a Hugging Face checkpoint, or model.init=tiny for a small random
 // model with the byte tokenizer), task.* (a built-in task instead of data.train_files) and
@@ -272,6 +272,7 @@ using TrainGRPOPaged = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Paged>, 
 using TrainGRPONaive = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 using TrainDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
 using TrainKTO = Trainer<Algorithm<KTO>, Sharding<FSDP>, Loader<Bucketed>>;
+using TrainSFT = Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Bucketed>>;
 
 /// `hybridrl train`: reads the configuration (`config_file`, the HYBRIDRL_* environment,
 /// `overrides`), picks the trainer type and runs it. Returns the exit code (errors throw).
@@ -311,16 +312,16 @@ inline int run_train(const std::string& config_file, const std::vector<std::stri
   }
   if (s.algorithm == "dpo") return run_train_as<TrainDPO, PreferenceDataset>(s, print_only);
   if (s.algorithm == "kto") return run_train_as<TrainKTO, LabelledDataset>(s, print_only);
-  throw Error(fmt::format("algorithm.name = \"{}\" is not one of grpo, dpo, kto", s.algorithm),
-              s.algorithm == "ppo" || s.algorithm == "sft"
-                  ? std::string("this build's hybridrl train runs grpo, dpo and kto (ppo and sft come with the trainer issue's next step)")
-                  : std::string("use algorithm.name=grpo, dpo or kto"));
+  if (s.algorithm == "sft") return run_train_as<TrainSFT, CompletionDataset>(s, print_only);
+  throw Error(fmt::format("algorithm.name = \"{}\" is not one of grpo, dpo, kto, sft", s.algorithm),
+              s.algorithm == "ppo" ? std::string("this build's hybridrl train runs grpo, dpo, kto and sft (PPO's critic is the trainer issue's next step)")
+                                   : std::string("use algorithm.name=grpo, dpo, kto or sft"));
 }
 
 /// Every key of the default trainer type (GRPO, Rollout<Paged>) with its type and default, for --help.
 inline std::string train_keys_help() {
   return "configuration keys (algorithm.name=grpo rollout.name=paged; other algorithms: --print-config):\n"
-         "  algorithm.name  <one of {grpo, dpo, kto}> (default: grpo)\n"
+         "  algorithm.name  <one of {grpo, dpo, kto, sft}> (default: grpo)\n"
          "  rollout.name  <one of {paged, naive}> (default: paged)\n" +
          help<TrainConfig<TrainGRPOPaged>>();
 }

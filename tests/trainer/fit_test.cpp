@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -254,6 +255,10 @@ TEST_SUITE("trainer/fit") {
     endless.loader().epochs(0);
     CHECK(contains(error_of([&] { FitDPO(endless).fit(fit_fixture_model(), data(), quiet); }),
                    "trainer.total_steps = 0 with loader.epochs = 0"));
+    auto too_long = options(tmp.path + "/too_long", 2);
+    too_long.trainer().total_steps(7);  // 3 epochs of 2 batches
+    CHECK(contains(error_of([&] { FitDPO(too_long).fit(fit_fixture_model(), data(), quiet); }),
+                   "trainer.total_steps = 7 but loader.epochs = 3 hold 6 batches"));
   }
 
   TEST_CASE("KTO through Loader<Packed>: packed scoring equals padded scoring; the first step is the loss at z0 = 0") {
@@ -367,5 +372,45 @@ TEST_SUITE("trainer/fit") {
     CHECK(std::isfinite(steps[1]["reward_mean"]));  // over the finite rewards
     CHECK(steps[2]["skipped_step"] == 0.0);
     CHECK(steps[2].count("grad_norm") == 1);
+  }
+  TEST_CASE("SFT: the first step's loss is the completion tokens' mean negative log-likelihood; training lowers it") {
+    using FitSFT = Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Bucketed>>;
+    FitTempDir tmp("sft");
+    const ByteTokenizer tok;
+    TaskOptions task;
+    task.name("reverse").examples(8);
+    std::istringstream text(task_jsonl(task, DataKind::completions));
+    auto data = std::make_shared<const CompletionDataset>(CompletionDataset::from_stream(text, "reverse", tok));
+    auto policy = fit_fixture_model();
+    // by hand: the model's logits, log-softmax, the completion tokens' log-probs, averaged (8 examples: one batch)
+    double nll = 0;
+    int64_t count = 0;
+    {
+      c10::NoGradGuard g;
+      for (int64_t i = 0; i < data->size(); ++i) {
+        const auto& s = (*data)[i];
+        const auto ids = at::tensor(s.ids, at::kLong).unsqueeze(0);
+        const auto logp = at::log_softmax(policy->forward(ids)[0].to(at::kDouble), -1);
+        for (size_t t = s.prompt_ids.size(); t < s.ids.size(); ++t) {
+          nll -= logp[static_cast<int64_t>(t) - 1][s.ids[t]].item<double>();
+          ++count;
+        }
+      }
+    }
+    FitSFT::Options o;
+    o.trainer().total_steps(30);
+    o.data().train_batch_size(8);
+    o.geometry().ppo_mini_batch_size(8).micro_batch_size_per_gpu(4);  // two micro-batches: gradients accumulated
+    o.optim().lr(3e-3).weight_decay(0.0).schedule(LRSchedule::constant);
+    o.sharding().param_dtype(at::kFloat);
+    o.loader().epochs(0).prefetch_factor(0);
+    std::vector<double> losses;
+    FitParts parts;
+    parts.progress = nullptr;
+    parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { losses.push_back(m.at("sft/loss")); };
+    FitSFT(o).fit(policy, data, parts);
+    REQUIRE(losses.size() == 30);
+    CHECK(losses[0] == doctest::Approx(nll / static_cast<double>(count)).epsilon(1e-6));
+    CHECK(losses[29] < 0.5 * losses[0]);
   }
 }

@@ -17,3 +17,4 @@
 #include "hybridrl/algorithm/kl.hpp"
 #include "hybridrl/algorithm/kto.hpp"
 #include "hybridrl/algorithm/ppo.hpp"
+#include "hybridrl/algorithm/sft.hpp"

@@ -16,6 +16,7 @@ enum class DataKind {
   prompts,               ///< PPO, GRPO, RLOO...: prompts → Rollout → reward → update
   preference_pairs,      ///< DPO: (prompt, chosen, rejected)
   labelled_completions,  ///< KTO: (prompt, completion, desirable?)
+  completions,           ///< SFT: (prompt, completion)
 };
 
 /// Algorithm axis: `Algorithm<PPO>`, `Algorithm<GRPO>`, `Algorithm<DPO>`, `Algorithm<KTO>`, or yours.

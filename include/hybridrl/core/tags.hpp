@@ -13,6 +13,8 @@ struct GRPO {};
 struct DPO {};
 /// Kahneman–Tversky Optimization on completions labelled desirable/undesirable (Ethayarajh et al. 2024).
 struct KTO {};
+/// Supervised fine-tuning: the negative log-likelihood of completions given their prompts.
+struct SFT {};
 
 // ---- Sharding<> tags ----
 /// Fully sharded data parallel: flat parameter shards per layer unit, gathered before use.

@@ -77,6 +77,15 @@ inline std::vector<BatchSequence> batch_sequences(const LabelledDataset& d,
   return out;
 }
 
+inline std::vector<BatchSequence> batch_sequences(const CompletionDataset& d, std::span<const int64_t> units) {
+  std::vector<BatchSequence> out;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const auto& s = d[units[u]];
+    out.push_back({s.ids, static_cast<int64_t>(s.prompt_ids.size()), static_cast<int64_t>(u), "completion"});
+  }
+  return out;
+}
+
 template <class D>
 std::map<std::string, Column> unit_columns(const D& d, std::span<const int64_t> units) {
   std::map<std::string, Column> cols;
@@ -99,7 +108,9 @@ std::map<std::string, Column> unit_columns(const D& d, std::span<const int64_t> 
       cols["chosen"].push_back(r["chosen"]);
       cols["rejected"].push_back(r["rejected"]);
     }
-    if constexpr (std::is_same_v<D, LabelledDataset>) cols["completion"].push_back(r["completion"]);
+    if constexpr (std::is_same_v<D, LabelledDataset> || std::is_same_v<D, CompletionDataset>) {
+      cols["completion"].push_back(r["completion"]);
+    }
   }
   return cols;
 }
@@ -183,6 +194,8 @@ template <class D>
   } else if constexpr (std::is_same_v<D, PreferenceDataset>) {
     detail::put_padded(batch, pick("chosen"), width, d.pad_id(), PaddingSide::right, "chosen_", true);
     detail::put_padded(batch, pick("rejected"), width, d.pad_id(), PaddingSide::right, "rejected_", true);
+  } else if constexpr (std::is_same_v<D, CompletionDataset>) {
+    detail::put_padded(batch, pick("completion"), width, d.pad_id(), PaddingSide::right, "", true);
   } else {
     detail::put_padded(batch, pick("completion"), width, d.pad_id(), PaddingSide::right, "", true);
     detail::put_padded(batch, pick("kl"), width, d.pad_id(), PaddingSide::right, "kl_", true);

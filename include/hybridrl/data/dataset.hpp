@@ -156,6 +156,16 @@ struct LabelledSample {
   std::string data_source;
 };
 
+/// An SFT (prompt, completion) pair.
+struct CompletionSample {
+  std::vector<int64_t> prompt_ids;      ///< tokenised prompt
+  std::vector<int64_t> completion_ids;  ///< tokenised completion (+ EOS), no prompt
+  std::vector<int64_t> ids;             ///< prompt + completion
+  nlohmann::json record;
+  std::string uid;
+  std::string data_source;
+};
+
 namespace detail {
 
 /// Reads JSONL lines and turns them into samples; `Parse(json, source, line, SampleSink)` either
@@ -502,8 +512,57 @@ class LabelledDataset : public detail::DatasetStorage<LabelledDataset, LabelledS
   }
 };
 
+/// (prompt, completion) pairs for supervised fine-tuning. One unit = one sequence.
+class CompletionDataset : public detail::DatasetStorage<CompletionDataset, CompletionSample> {
+ public:
+  static constexpr DataKind data_kind = DataKind::completions;
+  static constexpr int64_t sequences_per_unit = 1;
+
+  /// Reads `path` (JSONL with prompt and completion) and tokenises once.
+  template <tokenizer Tok>
+  [[nodiscard]] static CompletionDataset from_jsonl(const std::string& path, const Tok& tok,
+                                                    const DatasetOptions& options = {}) {
+    auto in = detail::open_jsonl(path);
+    return from_stream(in, path, tok, options);
+  }
+
+  /// Reads JSONL from `in`; `source` names it in messages.
+  template <tokenizer Tok>
+  [[nodiscard]] static CompletionDataset from_stream(std::istream& in, const std::string& source, const Tok& tok,
+                                                     const DatasetOptions& options = {}) {
+    CompletionDataset d;
+    d.pad_id_ = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+    const auto fallback_source =
+        options.default_data_source().empty() ? detail::stem_of(source) : options.default_data_source();
+    d.samples_ = detail::read_jsonl<CompletionSample>(
+        in, source, options, d.stats_, [&](nlohmann::json obj, int64_t line) {
+          CompletionSample s;
+          const auto& prompt = detail::require_text(obj, "prompt");
+          const auto& completion = detail::require_text(obj, "completion");
+          s.data_source = detail::optional_string(obj, "data_source", fallback_source);
+          s.uid = detail::uid_of(obj, source, line);
+          s.prompt_ids = tok.encode(prompt, options.add_bos());
+          detail::check_length(static_cast<int64_t>(s.prompt_ids.size()), options.max_prompt_length(), "the prompt",
+                               "max_prompt_length");
+          s.completion_ids = detail::completion_tokens(tok, completion, options);
+          s.ids = s.prompt_ids;
+          s.ids.insert(s.ids.end(), s.completion_ids.begin(), s.completion_ids.end());
+          detail::check_length(static_cast<int64_t>(s.ids.size()), options.max_length(), "prompt + completion",
+                               "max_length");
+          s.record = std::move(obj);
+          return s;
+        });
+    for (const auto& s : d.samples_) d.stats_.tokens += static_cast<int64_t>(s.ids.size());
+    return d;
+  }
+
+  /// Length of the sequence (prompt + completion).
+  [[nodiscard]] int64_t unit_length(int64_t i) const { return static_cast<int64_t>((*this)[i].ids.size()); }
+};
+
 static_assert(dataset<PromptDataset>, "hybridrl: PromptDataset must model the dataset concept (data/concepts.hpp)");
 static_assert(dataset<PreferenceDataset>, "hybridrl: PreferenceDataset must model the dataset concept (data/concepts.hpp)");
 static_assert(dataset<LabelledDataset>, "hybridrl: LabelledDataset must model the dataset concept (data/concepts.hpp)");
+static_assert(dataset<CompletionDataset>, "hybridrl: CompletionDataset must model the dataset concept (data/concepts.hpp)");
 
 }  // namespace hybridrl

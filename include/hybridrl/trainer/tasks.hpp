@@ -4,7 +4,7 @@
 /// demo — `reverse` ("reverse 472 =" → "274"), `sort` ("sort 472 =" → "247") and `add`
 /// ("add 41+35 =" → "76"). One seeded generator gives every data kind: prompts with answers
 /// (online algorithms), preference pairs (the answer against a corrupted one), labelled completions
-/// (answers desirable, corruptions undesirable) — as JSONL text the datasets read
+/// (answers desirable, corruptions undesirable), completions (SFT) — as JSONL text the datasets read
 /// (`PromptDataset::from_stream`) — and the task's reward.
 
 #include <fmt/format.h>
@@ -84,7 +84,7 @@ inline TaskExample task_example(const TaskOptions& o, int64_t i) {
 
 /// The task's examples as JSONL text of `kind`: prompts {prompt, answer}; pairs {prompt, chosen,
 /// rejected}; labelled {prompt, completion, label} (each example once, the answer or, every second
-/// one, the corruption). Completions start with a space: "reverse 472 =" + " 274".
+/// one, the corruption); completions {prompt, completion}. Completions start with a space: "reverse 472 =" + " 274".
 inline std::string task_jsonl(const TaskOptions& o, DataKind kind) {
   std::ostringstream out;
   for (int64_t i = 0; i < o.examples(); ++i) {
@@ -100,6 +100,7 @@ inline std::string task_jsonl(const TaskOptions& o, DataKind kind) {
         j["completion"] = " " + (i % 2 == 0 ? e.answer : e.wrong);
         j["label"] = i % 2 == 0;
         break;
+      case DataKind::completions: j["completion"] = " " + e.answer; break;
     }
     out << j.dump() << '\n';
   }

@@ -408,11 +408,17 @@ class Trainer {
     auto loader = loader_type::make(data, o.loader(), loader_state);
     const int64_t epochs = o.loader().epochs();
     int64_t total = t.total_steps();
+    int64_t available = 0;  // batches the loader's epochs hold (0: endless)
+    for (int64_t e = 0; e < epochs; ++e) available += loader.batches_in_epoch(e);
     if (total == 0) {
       HYBRIDRL_CHECK(epochs > 0, "trainer.total_steps = 0 with loader.epochs = 0 (endless) gives no end",
                      "set trainer.total_steps, or a number of loader.epochs");
-      for (int64_t e = 0; e < epochs; ++e) total += loader.batches_in_epoch(e);
+      total = available;
     }
+    HYBRIDRL_CHECK(epochs == 0 || total <= available,
+                   fmt::format("trainer.total_steps = {} but loader.epochs = {} hold {} batches of data.train_batch_size "
+                               "= {}", total, epochs, available, g.train_batch_size()),
+                   "set loader.epochs=0 (endless), more epochs, or trainer.total_steps=0 (as many steps as the epochs hold)");
     const int64_t minis = std::max<int64_t>(1, g.train_batch_size() / g.ppo_mini_batch_size());
     const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
     // the reference before the policy changes (a resumed run gets the same one)
