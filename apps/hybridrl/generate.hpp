@@ -40,6 +40,15 @@
 
 namespace hybridrl::app {
 
+/// Throws for a `device` option that names no device (the problem starts with the field name).
+inline void check_device_option(const std::string& device) {
+  try {
+    (void)at::Device(device);
+  } catch (const std::exception&) {
+    throw Error(fmt::format("device = \"{}\" is not a device", device), "use cpu, cuda or cuda:<index>");
+  }
+}
+
 /// model.*: the checkpoint and where it runs.
 struct GenerateModelOptions {
   /// A Hugging Face checkpoint directory (config.json + safetensors).
@@ -52,11 +61,7 @@ struct GenerateModelOptions {
 
   void validate() const {
     HYBRIDRL_CHECK(!path_.empty(), "path is not set", "pass model.path=DIR, a Hugging Face checkpoint directory");
-    try {
-      (void)at::Device(device_);
-    } catch (const std::exception&) {
-      throw Error(fmt::format("device = \"{}\" is not a device", device_), "use cpu, cuda or cuda:<index>");
-    }
+    check_device_option(device_);
   }
 };
 

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include <hybridrl/hybridrl.hpp>
+
+#include "generate.hpp"
 #if HYBRIDRL_WITH_YAML
 #include <hybridrl/core/options_yaml.hpp>
 #endif
@@ -51,11 +53,7 @@ struct TrainModelOptions {
                    "pass model.path=DIR (a Hugging Face checkpoint) or model.init=tiny, one of them");
     HYBRIDRL_CHECK(init_.empty() || init_ == "tiny", fmt::format("init = \"{}\" is not a built-in model", init_),
                    "use model.init=tiny");
-    try {
-      (void)at::Device(device_);
-    } catch (const std::exception&) {
-      throw Error(fmt::format("device = \"{}\" is not a device", device_), "use cpu, cuda or cuda:<index>");
-    }
+    check_device_option(device_);
   }
 };
 
