@@ -4,7 +4,8 @@
 #   progress line, one metrics.jsonl line per step with the issue's keys, a checkpoint, the final
 #   Hugging Face model; run again with more steps it resumes from the checkpoint (trainer.resume=auto).
 # dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
-#   the first step's loss is ln 2 (policy = reference).
+#   the first step's loss is ln 2 (policy = reference); data.train_files as a bare list on the
+#   command line.
 # errors: a mistyped key names the nearest one; an unknown algorithm and a run without data are
 #   refused with exit 1 before any model is loaded.
 file(REMOVE_RECURSE ${WORK})
@@ -89,6 +90,13 @@ elseif(MODE STREQUAL "dpo_yaml")
   endif()
   if(EXISTS ${WORK}/run/model)
     message(FATAL_ERROR "trainer.save_model=false wrote the model")
+  endif()
+  # the same data given on the command line as a bare list (README's spelling)
+  run_train(rc err algorithm.name=dpo model.path=${FIXTURES}/models/llama data.train_files=[${FIXTURES}/data/pairs.jsonl]
+    data.train_batch_size=2 geometry.ppo_mini_batch_size=2 trainer.total_steps=1 trainer.output_dir=${WORK}/cli
+    trainer.save_model=false loader.epochs=0)
+  if(NOT rc EQUAL 0 OR NOT EXISTS ${WORK}/cli/metrics.jsonl)
+    message(FATAL_ERROR "data.train_files as a bare list (${rc}): ${err}")
   endif()
 elseif(MODE STREQUAL "errors")
   run_train(rc err task.name=reverse model.init=tiny trainer.totl_steps=3)

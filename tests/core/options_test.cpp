@@ -342,6 +342,18 @@ inner:
     AllTypes a;
     CHECK(contains(error_of([&] { apply_override(a, "small", "4294967296"); }), "small = \"4294967296\" is not an integer in range"));
     CHECK(contains(error_of([&] { apply_override(a, "tags", "[1, 2]"); }), "tags[0] = 1 is not a string"));
+    // a list of strings may be written bare on the command line, or as one item
+    apply_override(a, "tags", "[a.jsonl, dir/b c.jsonl]");
+    CHECK(a.tags() == std::vector<std::string>{"a.jsonl", "dir/b c.jsonl"});
+    apply_override(a, "tags", "one.jsonl");
+    CHECK(a.tags() == std::vector<std::string>{"one.jsonl"});
+    apply_override(a, "tags", "[]");
+    CHECK(a.tags().empty());
+    PagedTrainer::Options p;
+    apply_override(p, "rollout.stop_token_ids", "7");
+    CHECK(p.rollout().sampling().stop_token_ids() == std::vector<int64_t>{7});
+    CHECK(contains(error_of([&] { apply_override(p, "rollout.stop_token_ids", "[2, x]"); }),
+                   "rollout.stop_token_ids[1] = \"x\" is not an integer"));
   }
 
   TEST_CASE("precedence: defaults < file < environment < command line") {

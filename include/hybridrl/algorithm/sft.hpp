@@ -27,8 +27,8 @@ namespace hybridrl {
 struct SFTOptions {
   /// How the per-token losses become one number: token_mean (every completion token counts the
   /// same, TRL's default) or a per-sequence mean.
-  HYBRIDRL_ARG(LossAgg, loss_agg_mode) = LossAgg::token_mean;
-  HYBRIDRL_FIELDS(loss_agg_mode)
+  HYBRIDRL_ARG(LossAgg, loss_agg) = LossAgg::token_mean;
+  HYBRIDRL_FIELDS(loss_agg)
   void validate() const {}
 };
 
@@ -50,7 +50,7 @@ struct Algorithm<SFT> : algorithm_base<SFT, SFTOptions, DataKind::completions> {
     const int64_t global_tokens = counts.empty() ? tokens.item<int64_t>() : counts.global_tokens;
     const int64_t global_seqs = counts.empty() ? batch.size() : counts.global_sequences;
     LossOutput out;
-    out.loss = aggregate_loss(-logp, mask, o.loss_agg_mode(), global_tokens, global_seqs, counts.data_parallel_size);
+    out.loss = aggregate_loss(-logp, mask, o.loss_agg(), global_tokens, global_seqs, counts.data_parallel_size);
     out.metrics["sft/loss"] = Metric::sum(out.loss.detach() / static_cast<double>(counts.data_parallel_size));
     out.metrics["sft/tokens"] = Metric::sum(tokens.to(at::kDouble));
     return out;

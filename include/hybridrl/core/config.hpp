@@ -338,17 +338,39 @@ void read_value(const nlohmann::json& j, T& v, const std::string& path, ValueFor
     }
   } else if constexpr (is_vector<T>::value) {
     nlohmann::json a = j;
+    ValueForm elements = form;
     if (text) {
+      // a JSON list ("[2, 5]", "[\"a\", \"b\"]"), else items written bare: "[a.jsonl, b.jsonl]"
+      // or one item "a.jsonl", each parsed as text by the element type
       a = nlohmann::json::parse(s, nullptr, false);
-      if (a.is_discarded()) type_error(path, type_name<T>(), j, source);
+      elements = ValueForm::json;
+      if (a.is_discarded() || !a.is_array()) {
+        std::string_view body = s;
+        const bool bracketed = body.size() >= 2 && body.front() == '[' && body.back() == ']';
+        if (bracketed) body = body.substr(1, body.size() - 2);
+        a = nlohmann::json::array();
+        auto trim = [](std::string_view x) {
+          while (!x.empty() && std::isspace(static_cast<unsigned char>(x.front()))) x.remove_prefix(1);
+          while (!x.empty() && std::isspace(static_cast<unsigned char>(x.back()))) x.remove_suffix(1);
+          return x;
+        };
+        if (!trim(body).empty()) {
+          for (std::size_t start = 0;;) {
+            const auto comma = body.find(',', start);
+            a.push_back(std::string(trim(body.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start))));
+            if (comma == std::string_view::npos) break;
+            start = comma + 1;
+          }
+        }
+        elements = ValueForm::text;
+      }
     }
     if (!a.is_array()) type_error(path, type_name<T>(), j, source);
     T out;
     out.reserve(a.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
       typename is_vector<T>::value_type x{};
-      // Elements of a parsed text list are JSON values already.
-      read_value(a[i], x, fmt::format("{}[{}]", path, i), text ? ValueForm::json : form, source);
+      read_value(a[i], x, fmt::format("{}[{}]", path, i), elements, source);
       out.push_back(std::move(x));
     }
     v = std::move(out);
