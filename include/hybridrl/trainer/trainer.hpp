@@ -439,6 +439,7 @@ class Trainer {
       engine.load_state_dict(ckpt->tensors);
       step = ckpt->step;
       restore_rng(ckpt->tensors);
+      ckpt.reset();  // the state is in the engine now: do not hold a second copy through the run
     }
     // online: the rollout engine holds its own copy of the weights, in the rollout's dtype
     using RolloutEngine = typename detail::rollout_engine_of<rollout_type>::type;
