@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   generate->callback([&] { exit_code = hybridrl::app::run_generate(input, output, overrides); });
 
   auto* train = app.add_subcommand(
-      "train", "one training run (GRPO, DPO, KTO, SFT) from a configuration file and key=value overrides; precedence "
+      "train", "one training run (PPO, GRPO, DPO, KTO, SFT) from a configuration file and key=value overrides; precedence "
                "defaults < --config file < HYBRIDRL_* environment < command line");
   std::string config_file;
   bool print_config = false;
@@ -53,7 +53,14 @@ int main(int argc, char** argv) {
   train->add_option("--config", config_file, "YAML or JSON configuration file");
   train->add_flag("--print-config", print_config, "print the effective configuration and exit");
   train->add_option("overrides", train_overrides, "key=value settings, e.g. task.name=reverse model.init=tiny");
-  train->footer(hybridrl::app::train_keys_help());
+  {  // --help lists the keys of the trainer type the command line names (default: GRPO, Rollout<Paged>)
+    const auto [algorithm, rollout] = hybridrl::app::train_type_of(argc, argv);
+    try {
+      train->footer(hybridrl::app::train_keys_help(algorithm, rollout));
+    } catch (const hybridrl::Error&) {  // an unknown name: the run reports it; help shows the default's keys
+      train->footer(hybridrl::app::train_keys_help());
+    }
+  }
   train->callback([&] { exit_code = hybridrl::app::run_train(config_file, train_overrides, print_config); });
 
   try {

@@ -2,8 +2,9 @@
 // `hybridrl train`: one training run from a configuration file, the environment and key=value
 // overrides (precedence defaults < file < HYBRIDRL_* environment < command line).
 //   hybridrl train [--config run.yaml] [--print-config] [key=value ...]
-// `algorithm.name` (grpo | dpo | kto | sft) and `rollout.name` (paged | naive) choose, once at start, one
-// of the trainer types compiled here; every other key belongs to that trainer's Options or to the
+// `algorithm.name` (ppo | grpo | dpo | kto | sft) and `rollout.name` (paged | naive) choose, once at
+// start, one of the trainer types compiled here (the online ones in train_online.cpp, the offline
+// ones in train_offline.cpp: two translation units that build side by side); every other key belongs to that trainer's Options or to the
 // program's own tables: model.* (a Hugging Face checkpoint, or model.init=tiny for a small random
 // model with the byte tokenizer), task.* (a built-in task instead of data.train_files) and
 // reward.name (online). Every key is checked before the model is loaded: an unknown one names
@@ -23,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <hybridrl/hybridrl.hpp>
@@ -45,7 +47,10 @@ struct TrainModelOptions {
   HYBRIDRL_ARG(at::ScalarType, dtype) = at::kFloat;
   /// cpu, cuda, cuda:1, ...
   HYBRIDRL_ARG(std::string, device) = "cpu";
-  HYBRIDRL_FIELDS(path, init, dtype, device)
+  /// PPO's critic: a `...ForTokenClassification` checkpoint, or a policy checkpoint whose trunk
+  /// starts the critic (score head fresh); empty: the policy's own trunk, a fresh score head.
+  HYBRIDRL_ARG(std::string, critic_path) = "";
+  HYBRIDRL_FIELDS(path, init, dtype, device, critic_path)
 
   void validate() const {
     HYBRIDRL_CHECK(path_.empty() != init_.empty(),
@@ -247,6 +252,9 @@ int run_train_as(const TrainSources& src, bool print_only) {
   check_vocabulary(tok, policy->config());
   auto data = read_train_data<Dataset>(cfg.task(), cfg.run().data().train_files(), tok);
   FitParts parts;
+  if constexpr (T::has_critic) {
+    if (!mo.critic_path().empty()) parts.critic = load_value_model(mo.critic_path(), LoadOptions{}.dtype(mo.dtype()).device(device));
+  }
   parts.tokenizer_files = tokenizer_files;
   parts.run_config = to_json(effective);
   FitResult r;
@@ -266,11 +274,33 @@ int run_train_as(const TrainSources& src, bool print_only) {
 }
 
 /// The trainer types this program compiles, by algorithm.name and rollout.name.
+using TrainPPOPaged = Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
+using TrainPPONaive = Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 using TrainGRPOPaged = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Paged>, Loader<Bucketed>>;
 using TrainGRPONaive = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 using TrainDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
 using TrainKTO = Trainer<Algorithm<KTO>, Sharding<FSDP>, Loader<Bucketed>>;
 using TrainSFT = Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Bucketed>>;
+
+/// The algorithms `hybridrl train` runs: online (ppo, grpo; rollout.name chooses the engine) and
+/// offline (dpo, kto, sft).
+inline bool is_online_algorithm(const std::string& a) { return a == "ppo" || a == "grpo"; }
+inline bool is_offline_algorithm(const std::string& a) { return a == "dpo" || a == "kto" || a == "sft"; }
+
+/// Runs the online trainer types (train_online.cpp).
+int run_train_online(const TrainSources& s, bool print_only);
+/// Runs the offline trainer types (train_offline.cpp).
+int run_train_offline(const TrainSources& s, bool print_only);
+
+/// Checks algorithm.name and rollout.name before anything is read.
+inline void check_train_type(const TrainSources& s) {
+  HYBRIDRL_CHECK(is_online_algorithm(s.algorithm) || is_offline_algorithm(s.algorithm),
+                 fmt::format("algorithm.name = \"{}\" is not one of ppo, grpo, dpo, kto, sft", s.algorithm),
+                 "use algorithm.name=ppo, grpo, dpo, kto or sft (a custom algorithm: compose its Trainer in "
+                 "your program, as examples/custom_algorithm does)");
+  HYBRIDRL_CHECK(!is_online_algorithm(s.algorithm) || s.rollout == "paged" || s.rollout == "naive",
+                 fmt::format("rollout.name = \"{}\" is not one of paged, naive", s.rollout), "use rollout.name=paged or naive");
+}
 
 /// `hybridrl train`: reads the configuration (`config_file`, the HYBRIDRL_* environment,
 /// `overrides`), picks the trainer type and runs it. Returns the exit code (errors throw).
@@ -302,26 +332,39 @@ inline int run_train(const std::string& config_file, const std::vector<std::stri
   s.sources.overrides = overrides;
   if (auto a = take_key(s.sources, "algorithm", "name")) s.algorithm = *a;
   if (auto r = take_key(s.sources, "rollout", "name")) s.rollout = *r;
-  if (s.algorithm == "grpo") {
-    HYBRIDRL_CHECK(s.rollout == "paged" || s.rollout == "naive",
-                   fmt::format("rollout.name = \"{}\" is not one of paged, naive", s.rollout), "use rollout.name=paged or naive");
-    return s.rollout == "paged" ? run_train_as<TrainGRPOPaged, PromptDataset>(s, print_only)
-                                : run_train_as<TrainGRPONaive, PromptDataset>(s, print_only);
-  }
-  if (s.algorithm == "dpo") return run_train_as<TrainDPO, PreferenceDataset>(s, print_only);
-  if (s.algorithm == "kto") return run_train_as<TrainKTO, LabelledDataset>(s, print_only);
-  if (s.algorithm == "sft") return run_train_as<TrainSFT, CompletionDataset>(s, print_only);
-  throw Error(fmt::format("algorithm.name = \"{}\" is not one of grpo, dpo, kto, sft", s.algorithm),
-              s.algorithm == "ppo" ? std::string("this build's hybridrl train runs grpo, dpo, kto and sft (PPO's critic is the trainer issue's next step)")
-                                   : std::string("use algorithm.name=grpo, dpo, kto or sft"));
+  check_train_type(s);
+  return is_online_algorithm(s.algorithm) ? run_train_online(s, print_only) : run_train_offline(s, print_only);
 }
 
-/// Every key of the default trainer type (GRPO, Rollout<Paged>) with its type and default, for --help.
-inline std::string train_keys_help() {
-  return "configuration keys (algorithm.name=grpo rollout.name=paged; other algorithms: --print-config):\n"
-         "  algorithm.name  <one of {grpo, dpo, kto, sft}> (default: grpo)\n"
-         "  rollout.name  <one of {paged, naive}> (default: paged)\n" +
-         help<TrainConfig<TrainGRPOPaged>>();
+/// Every key of the trainer type that `algorithm` and `rollout` choose, with its type and
+/// default, for `hybridrl train --help` (e.g. `hybridrl train algorithm.name=ppo --help`).
+inline std::string train_keys_help(const std::string& algorithm = "grpo", const std::string& rollout = "paged") {
+  TrainSources s;
+  s.algorithm = algorithm;
+  s.rollout = rollout;
+  check_train_type(s);
+  std::string out = fmt::format(
+      "configuration keys of algorithm.name={}{} (another algorithm's: hybridrl train algorithm.name=NAME --help):\n"
+      "  algorithm.name  <one of {{ppo, grpo, dpo, kto, sft}}> (default: grpo)\n"
+      "  rollout.name  <one of {{paged, naive}}> (default: paged; ppo and grpo)\n",
+      algorithm, is_online_algorithm(algorithm) ? " rollout.name=" + rollout : std::string());
+  if (algorithm == "ppo") return out + (rollout == "paged" ? help<TrainConfig<TrainPPOPaged>>() : help<TrainConfig<TrainPPONaive>>());
+  if (algorithm == "grpo") return out + (rollout == "paged" ? help<TrainConfig<TrainGRPOPaged>>() : help<TrainConfig<TrainGRPONaive>>());
+  if (algorithm == "dpo") return out + help<TrainConfig<TrainDPO>>();
+  if (algorithm == "kto") return out + help<TrainConfig<TrainKTO>>();
+  return out + help<TrainConfig<TrainSFT>>();
+}
+
+/// The `algorithm.name=` and `rollout.name=` arguments of a command line (for --help, which is
+/// answered before the subcommand runs), defaults grpo and paged.
+inline std::pair<std::string, std::string> train_type_of(int argc, char** argv) {
+  std::pair<std::string, std::string> out{"grpo", "paged"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("algorithm.name=", 0) == 0) out.first = a.substr(15);
+    if (a.rfind("rollout.name=", 0) == 0) out.second = a.substr(13);
+  }
+  return out;
 }
 
 }  // namespace hybridrl::app

@@ -3,6 +3,9 @@
 # grpo: GRPO on the built-in reverse task with model.init=tiny through Rollout<Paged>: exit 0, a
 #   progress line, one metrics.jsonl line per step with the issue's keys, a checkpoint, the final
 #   Hugging Face model; run again with more steps it resumes from the checkpoint (trainer.resume=auto).
+# ppo: PPO (critic from the policy's trunk) on the reverse task through Rollout<Naive>: the critic's
+#   metrics in metrics.jsonl, the critic written next to the model; `--help` with algorithm.name=ppo
+#   lists the critic's keys.
 # dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
 #   the first step's loss is ln 2 (policy = reference); data.train_files as a bare list on the
 #   command line.
@@ -68,6 +71,43 @@ if(MODE STREQUAL "grpo")
   if(NOT n EQUAL 6)
     message(FATAL_ERROR "${n} metrics lines after the resume, expected 6")
   endif()
+elseif(MODE STREQUAL "ppo")
+  run_train(rc err algorithm.name=ppo rollout.name=naive task.name=reverse model.init=tiny trainer.output_dir=${WORK}/run
+    trainer.total_steps=3 data.train_batch_size=4 rollout.n=2 rollout.max_new_tokens=4 geometry.ppo_mini_batch_size=4
+    geometry.micro_batch_size_per_gpu=8 optim.lr=1e-3 critic.optim.lr=1e-3 critic.warmup_steps=1)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "hybridrl train (PPO) failed (${rc}): ${err}")
+  endif()
+  file(STRINGS ${WORK}/run/metrics.jsonl lines)
+  list(LENGTH lines n)
+  if(NOT n EQUAL 3)
+    message(FATAL_ERROR "${n} metrics lines, expected 3")
+  endif()
+  list(GET lines 0 first)
+  list(GET lines 2 last)
+  foreach(key critic/vf_loss critic/grad_norm critic/vf_explained_var time/values grad_norm)
+    string(JSON v ERROR_VARIABLE e GET "${last}" ${key})
+    if(e)
+      message(FATAL_ERROR "metrics.jsonl has no ${key}: ${last}")
+    endif()
+  endforeach()
+  string(JSON v ERROR_VARIABLE e GET "${first}" grad_norm)
+  if(NOT e)
+    message(FATAL_ERROR "critic.warmup_steps=1 updated the policy at step 1: ${first}")
+  endif()
+  foreach(f critic/config.json critic/model.safetensors model/config.json)
+    if(NOT EXISTS ${WORK}/run/${f})
+      message(FATAL_ERROR "the PPO run wrote no ${f}")
+    endif()
+  endforeach()
+  file(READ ${WORK}/run/critic/config.json critic_cfg)
+  if(NOT critic_cfg MATCHES "ForTokenClassification")
+    message(FATAL_ERROR "the critic is not saved as a ForTokenClassification model: ${critic_cfg}")
+  endif()
+  execute_process(COMMAND ${EXE} train algorithm.name=ppo --help RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE herr)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "critic.optim.lr" OR NOT out MATCHES "critic.warmup_steps" OR NOT out MATCHES "model.critic_path")
+    message(FATAL_ERROR "train algorithm.name=ppo --help lists no critic keys (${rc}): ${out}${herr}")
+  endif()
 elseif(MODE STREQUAL "dpo_yaml")
   file(WRITE ${WORK}/run.yaml "algorithm: {name: dpo, beta: 0.1}\nmodel: {path: ${FIXTURES}/models/llama}\n"
     "data: {train_files: [${FIXTURES}/data/pairs.jsonl], train_batch_size: 2}\n"
@@ -104,7 +144,7 @@ elseif(MODE STREQUAL "errors")
     message(FATAL_ERROR "a mistyped key: exit ${rc}, ${err}")
   endif()
   run_train(rc err algorithm.name=rloo task.name=reverse model.init=tiny)
-  if(NOT rc EQUAL 1 OR NOT err MATCHES "algorithm.name = \"rloo\" is not one of grpo, dpo, kto, sft")
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "algorithm.name = \"rloo\" is not one of ppo, grpo, dpo, kto, sft")
     message(FATAL_ERROR "an unknown algorithm: exit ${rc}, ${err}")
   endif()
   run_train(rc err model.init=tiny)

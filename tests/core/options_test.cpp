@@ -473,6 +473,7 @@ inner:
     std::cout << "## trainer\n" << table("trainer.", help<TrainerOptions>())
               << "\n## data\n" << table("data.", help<DataOptions>())
               << "\n## optim\n" << table("optim.", help<OptimizerOptions>())
+              << "\n## critic (algorithms with a critic: PPO)\n" << table("critic.", help<CriticOptions>())
               << "\n## geometry\n" << table("geometry.", help<BatchGeometry>())
               << "\n## rollout: Rollout<Paged>\n" << table("rollout.", help<PagedOptions>())
               << "\n## rollout: Rollout<Naive>\n" << table("rollout.", help<NaiveOptions>())

@@ -19,21 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "../support/fit.hpp"
 #include "../support/tensors.hpp"
 #include "../support/doctest.hpp"
 
 namespace hybridrl::testing {
 
-/// A fresh directory under /tmp, removed with its contents at scope exit.
-struct FitTempDir {
-  std::string path;
-  explicit FitTempDir(const std::string& tag)
-      : path((std::filesystem::temp_directory_path() / ("hybridrl_fit_" + tag + "_" + std::to_string(::getpid()))).string()) {
-    io::detail::remove_tree(path);
-    std::filesystem::create_directories(path);
-  }
-  ~FitTempDir() { io::detail::remove_tree(path); }
-};
 
 /// `n` preference pairs of a learnable rule: the chosen answer repeats the prompt's letter.
 inline std::string write_pairs(const std::string& dir, int n) {
@@ -63,23 +54,7 @@ inline std::string write_labelled(const std::string& dir, int n) {
   return path;
 }
 
-inline CausalLM fit_fixture_model() { return load_causal_lm(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama"); }
 
-/// The lines of metrics.jsonl without the keys that measure time or memory.
-inline std::vector<nlohmann::json> reproducible_metrics(const std::string& dir) {
-  std::ifstream in(dir + "/metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    for (const char* k : {"time/ref", "time/update", "time/step", "tokens_per_s", "memory/allocated_gb",
-                          "memory/reserved_gb", "memory/peak_gb"}) {
-      j.erase(k);
-    }
-    out.push_back(j);
-  }
-  return out;
-}
 
 using FitDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
 
@@ -95,23 +70,7 @@ inline FitDPO::Options dpo_options(const std::string& out_dir) {
 }
 
 
-/// `n` prompts (with an answer field the reward may read).
-inline std::string write_prompts(const std::string& dir, int n) {
-  const auto path = dir + "/prompts.jsonl";
-  std::ofstream out(path);
-  for (int i = 0; i < n; ++i) {
-    out << nlohmann::json{{"prompt", "count " + std::to_string(i)}, {"answer", std::to_string(i)}}.dump() << "\n";
-  }
-  return path;
-}
 
-/// The fraction of a response's tokens in [lo, lo + 10): about 3% for the fixture's random model.
-inline double share_in_band(const RewardInput& x, int64_t lo) {
-  if (x.response_ids.empty()) return 0.0;
-  double hits = 0;
-  for (auto id : x.response_ids) hits += (id >= lo && id < lo + 10) ? 1.0 : 0.0;
-  return hits / static_cast<double>(x.response_ids.size());
-}
 
 using FitGRPO = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 

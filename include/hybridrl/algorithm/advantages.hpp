@@ -81,6 +81,25 @@ inline std::tuple<at::Tensor, at::Tensor> dense_groups(std::string_view fn, cons
 
 }  // namespace detail
 
+/// Sequence scores [B] placed on each response's last token (verl's reward manager:
+/// `reward_tensor[i, valid_response_length - 1] = score`) → token-level scores [B, R] (float32,
+/// zero elsewhere; a response of length 0 gets none). `response_mask` [B, R] is 1 on the response
+/// tokens, a prefix of each row.
+[[nodiscard]] inline at::Tensor scores_on_last_token(const at::Tensor& scores, const at::Tensor& response_mask) {
+  constexpr std::string_view fn = "scores_on_last_token";
+  detail::check_dims(fn, "scores", scores, 1);
+  detail::check_dims(fn, "response_mask", response_mask, 2);
+  HYBRIDRL_CHECK(scores.size(0) == response_mask.size(0),
+                 fmt::format("{}: scores has {} rows, response_mask {}", fn, scores.size(0), response_mask.size(0)),
+                 "pass one score per response");
+  const auto lens = response_mask.to(at::kLong).sum(1);
+  auto out = at::zeros(response_mask.sizes(), response_mask.options().dtype(at::kFloat));
+  const auto has = lens.gt(0);
+  const auto last = (lens - 1).clamp_min(0).unsqueeze(1);
+  out.scatter_(1, last, (scores.to(at::kFloat) * has.to(at::kFloat)).unsqueeze(1));
+  return out;
+}
+
 /// Generalised advantage estimation (Schulman et al. 2016), mask-aware as in verl: from the last
 /// token back, δ_t = r_t + γ V_next − V_t, A_t = δ_t + γλ A_next, where V_next and A_next only
 /// advance on tokens with mask = 1 (masked tokens carry them through). returns = A + V (before

@@ -135,6 +135,8 @@ class FixedKLController {
   [[nodiscard]] double value() const noexcept { return value_; }
   /// No-op: a fixed coefficient ignores the observed KL.
   void update(double /*current_kl*/, int64_t /*n_steps*/) noexcept {}
+  /// Sets β (a checkpoint's restore).
+  void set_value(double v) noexcept { value_ = v; }
 
  private:
   double value_;
@@ -154,6 +156,8 @@ class AdaptiveKLController {
     const double error = std::clamp(current_kl / target_ - 1.0, -0.2, 0.2);
     value_ *= 1.0 + error * static_cast<double>(n_steps) / horizon_;
   }
+  /// Sets β (a checkpoint's restore).
+  void set_value(double v) noexcept { value_ = v; }
 
  private:
   double value_, target_, horizon_;
@@ -172,6 +176,10 @@ class KLController {
   /// Feeds the KL observed on a batch of `n_steps` samples to the controller.
   void update(double current_kl, int64_t n_steps) {
     std::visit([&](auto& c) { c.update(current_kl, n_steps); }, impl_);
+  }
+  /// Sets the current coefficient (a resumed run continues from its checkpoint's β).
+  void set_value(double v) {
+    std::visit([&](auto& c) { c.set_value(v); }, impl_);
   }
 
  private:

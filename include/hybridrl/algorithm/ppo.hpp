@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -129,6 +130,13 @@ struct Algorithm<PPO> : algorithm_base<PPO, PPOOptions, DataKind::prompts> {
 
   /// The KL controller of `o.kl_ctrl` (validated).
   static state_type make_state(const options_type& o) { return {KLController(o.kl_ctrl()), {}, 0}; }
+  /// What a checkpoint keeps of the state: the in-reward KL coefficient β (the adaptive
+  /// controller's moves), so a resumed run continues with it.
+  static std::map<std::string, double> save_state(const state_type& s) { return {{"kl_coef", s.kl_ctrl.value()}}; }
+  /// Restores what save_state wrote.
+  static void load_state(state_type& s, const std::map<std::string, double>& saved) {
+    if (auto it = saved.find("kl_coef"); it != saved.end()) s.kl_ctrl.set_value(it->second);
+  }
 
   /// Whether `o` reads reference log-probs (KL in the reward or in the loss).
   static bool uses_reference(const options_type& o) {

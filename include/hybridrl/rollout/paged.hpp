@@ -76,9 +76,12 @@ struct PagedOptions {
   HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
   /// Capture the decode step in CUDA graphs (CUDA only).
   HYBRIDRL_ARG(bool, cuda_graphs) = true;
+  /// In training, free the KV pool (and the graphs) after each generation and allocate it again
+  /// before the next, so the update phase has that memory (verl's free_cache_engine).
+  HYBRIDRL_ARG(bool, free_cache_engine) = true;
 
   HYBRIDRL_FIELDS(n, sampling, block_size, memory_fraction, kv_cache_tokens, max_num_seqs, max_num_batched_tokens,
-                  prefix_sharing, tensor_parallel_size, cuda_graphs)
+                  prefix_sharing, tensor_parallel_size, cuda_graphs, free_cache_engine)
 
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
@@ -352,6 +355,10 @@ class PagedEngine {
   void drop_graphs() {
 #if HYBRIDRL_PAGED_CUDA_GRAPHS
     graphs_.clear();
+    // a fresh memory pool for the next captures: the caching allocator keeps a released pool's
+    // entry (use count 0) until its blocks are freed, and capturing into it again trips its
+    // internal assert (`use_count > 0`, seen with LibTorch 2.11 when the sampling changed)
+    graph_pool_ = {0, 0};
 #endif
   }
 

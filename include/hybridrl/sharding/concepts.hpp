@@ -61,6 +61,11 @@ template <class M>
 concept sharded_model =
     scores_batches<M> && trains_with_optimizer<M> && has_checkpoint_state<M> && exports_weights<M>;
 
+/// A run-time sharded critic: forward (the `values` of the batch's tokens, with grad), backward,
+/// optimizer step and checkpoint state; nothing goes to a rollout engine.
+template <class M>
+concept sharded_critic = scores_batches<M> && trains_with_optimizer<M> && has_checkpoint_state<M>;
+
 /// The Sharding descriptor's traits: `tag`, `options_type`, `name` and
 /// `static constexpr bool produces_tensor_parallel_shards` — true when the weights it trains stay
 /// split over a tensor-parallel group (TP3D), so what it hands a rollout are tensor-parallel shards;

@@ -5,7 +5,7 @@
 /// is sharded. For generation it gathers full weights and exports the shard any WeightSpec asks for
 /// (produces_tensor_parallel_shards = false: it can hand over full weights).
 ///
-/// The engine here, FSDPEngine, is the single-process case (world size 1, where there is nothing
+/// The engines here, FSDPEngine (the policy) and FSDPCriticEngine (the critic), are the single-process case (world size 1, where there is nothing
 /// to shard): the whole model on this rank, mixed precision through autocast, activation
 /// checkpointing, the shared Optimizer (sharding/optimizer.hpp), checkpoint state and weight
 /// export. Sharding over several ranks comes with the sharding issue, behind the same interface.
@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -78,14 +79,21 @@ struct FSDPOptions {
   }
 };
 
-/// Sharding<FSDP>'s engine on one process: trains `model` in place. forward() scores a batch
-/// (log_probs and entropy, with grad), backward() accumulates, step() runs the Optimizer.
-class FSDPEngine {
+/// Sharding<FSDP>'s engine on one process, for the policy (`FSDPEngine`, a CausalLM) or the critic
+/// (`FSDPCriticEngine`, a ValueModel): trains `model` in place. forward() scores a batch (the
+/// policy's log_probs and entropy, the critic's values, with grad), backward() accumulates, step()
+/// runs the Optimizer.
+template <class Model>
+class BasicFSDPEngine {
+  static constexpr bool is_critic = std::is_same_v<Model, ValueModel>;
+  static_assert(is_critic || std::is_same_v<Model, CausalLM>,
+                "hybridrl: BasicFSDPEngine trains a CausalLM (the policy) or a ValueModel (the critic)");
+
  public:
   /// Trains `model` (its parameters' dtype is the master dtype, float32 usually) under `options`
   /// with `optim` over `total_steps` optimizer steps; `world_size` must be 1 here.
-  FSDPEngine(CausalLM model, FSDPOptions options, OptimizerOptions optim, int64_t total_steps, int64_t world_size = 1,
-             int64_t bucket_bytes = int64_t{256} << 20)
+  BasicFSDPEngine(Model model, FSDPOptions options, OptimizerOptions optim, int64_t total_steps,
+                  int64_t world_size = 1, int64_t bucket_bytes = int64_t{256} << 20)
       : model_(std::move(model)), options_(options), bucket_bytes_(bucket_bytes) {
     options_.validate();
     options_.check_world(world_size);
@@ -106,15 +114,18 @@ class FSDPEngine {
   }
 
   /// How forward() computes log-probs (the trainer sets the rollout's temperature here).
-  void set_log_prob_options(LogProbOptions o) {
+  void set_log_prob_options(LogProbOptions o)
+    requires(!is_critic)
+  {
     o.validate();
     log_prob_options_ = o;
   }
 
-  /// `log_probs` and `entropy` of the batch's tokens, with grad, aligned as core/keys.hpp says:
-  /// to `responses` [B, R] when the batch has them (a rollout batch: input_ids = prompts then
-  /// responses), else to `input_ids` [B, T]. Uses attention_mask, position_ids and cu_seqlens
-  /// (packed rows) when present.
+  /// The policy: `log_probs` and `entropy` of the batch's tokens, with grad. The critic: `values`,
+  /// the value of the state before each token (the score head at the position before it; 0 at
+  /// position 0), float32, with grad. Aligned as core/keys.hpp says: to `responses` [B, R] when
+  /// the batch has them (a rollout batch: input_ids = prompts then responses), else to `input_ids`
+  /// [B, T]. Uses attention_mask, position_ids and cu_seqlens (packed rows) when present.
   TensorBatch forward(const TensorBatch& batch) {
     HYBRIDRL_CHECK(batch.has(keys::input_ids), "Sharding<FSDP>.forward: the batch has no 'input_ids'",
                    "pass a rollout batch or an offline batch (the Loader's)");
@@ -123,15 +134,24 @@ class FSDPEngine {
     if (batch.has(keys::position_ids)) args.position_ids(batch.tensor(keys::position_ids));
     if (batch.has(keys::cu_seqlens)) args.cu_seqlens(batch.tensor(keys::cu_seqlens));
     const auto dev = model_->parameters().front().device();
-    auto r = token_log_probs(model_, batch.tensor(keys::input_ids).to(dev), args, log_prob_options_);
-    if (batch.has(keys::responses)) {
-      const auto R = batch.tensor(keys::responses).size(1), T = r.log_probs.size(1);
-      r.log_probs = r.log_probs.narrow(1, T - R, R);
-      if (r.entropy.defined()) r.entropy = r.entropy.narrow(1, T - R, R);
+    const auto ids = batch.tensor(keys::input_ids).to(dev);
+    auto to_responses = [&](at::Tensor x) {
+      if (!batch.has(keys::responses) || !x.defined()) return x;
+      const auto R = batch.tensor(keys::responses).size(1), T = x.size(1);
+      return x.narrow(1, T - R, R);
+    };
+    if constexpr (is_critic) {
+      // values[t] = V(tokens before t): the head's output one position back, as log_probs[t] is
+      // the logits one position back (verl: values[:, -R - 1:-1] of a rollout batch)
+      const auto raw = model_->forward(ids, args);
+      const auto shifted = at::cat({at::zeros_like(raw.narrow(1, 0, 1)), raw.narrow(1, 0, raw.size(1) - 1)}, 1);
+      return TensorBatch({{keys::values.str(), to_responses(shifted)}});
+    } else {
+      auto r = token_log_probs(model_, ids, args, log_prob_options_);
+      TensorBatch out({{keys::log_probs.str(), to_responses(r.log_probs)}});
+      if (r.entropy.defined()) out.set(keys::entropy, to_responses(r.entropy));
+      return out;
     }
-    TensorBatch out({{keys::log_probs.str(), r.log_probs}});
-    if (r.entropy.defined()) out.set(keys::entropy, r.entropy);
-    return out;
   }
 
   /// Accumulates the gradients of `loss`.
@@ -170,23 +190,31 @@ class FSDPEngine {
   }
 
   /// The weights for `spec` (full or a tensor-parallel shard, in its dtype), bucket by bucket.
-  void export_weights(const WeightSpec& spec, const WeightSink& sink) const {
+  void export_weights(const WeightSpec& spec, const WeightSink& sink) const
+    requires(!is_critic)
+  {
     hybridrl::export_weights(model_->named_parameters(), spec, bucket_bytes_, sink);
   }
 
   /// The model being trained.
-  [[nodiscard]] const CausalLM& model() const noexcept { return model_; }
+  [[nodiscard]] const Model& model() const noexcept { return model_; }
   [[nodiscard]] const Optimizer& optimizer() const noexcept { return *optimizer_; }
 
  private:
-  CausalLM model_;
+  Model model_;
   FSDPOptions options_;
   int64_t bucket_bytes_;
   std::unique_ptr<Optimizer> optimizer_;
   LogProbOptions log_prob_options_;
   Optimizer::Result last_;
 };
+/// The policy's engine.
+using FSDPEngine = BasicFSDPEngine<CausalLM>;
+/// The critic's engine (PPO's value model).
+using FSDPCriticEngine = BasicFSDPEngine<ValueModel>;
 static_assert(sharded_model<FSDPEngine>, "hybridrl: FSDPEngine must model sharded_model (sharding/concepts.hpp)");
+static_assert(sharded_critic<FSDPCriticEngine>,
+              "hybridrl: FSDPCriticEngine must model sharded_critic (sharding/concepts.hpp)");
 
 /// Fully sharded data parallel. The descriptor of Sharding<FSDP>; `make(model, options, optim,
 /// total_steps, world_size)` builds its engine.
@@ -195,6 +223,7 @@ struct Sharding<FSDP> {
   using tag = FSDP;
   using options_type = FSDPOptions;
   using engine_type = FSDPEngine;
+  using critic_engine_type = FSDPCriticEngine;
   static constexpr std::string_view name = "FSDP";
   static constexpr bool produces_tensor_parallel_shards = false;
 
@@ -202,6 +231,12 @@ struct Sharding<FSDP> {
   static engine_type make(CausalLM model, const FSDPOptions& options, const OptimizerOptions& optim,
                           int64_t total_steps, int64_t world_size = 1) {
     return FSDPEngine(std::move(model), options, optim, total_steps, world_size);
+  }
+  /// The engine training the critic `model` (PPO's value model), under the same sharding options
+  /// and its own optimizer options.
+  static critic_engine_type make_critic(ValueModel model, const FSDPOptions& options, const OptimizerOptions& optim,
+                                        int64_t total_steps, int64_t world_size = 1) {
+    return FSDPCriticEngine(std::move(model), options, optim, total_steps, world_size);
   }
 };
 static_assert(sharding_policy<Sharding<FSDP>>,

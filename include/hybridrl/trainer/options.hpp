@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The run's own keys: `trainer.*` (steps, output directory, checkpoints, resume, the one seed,
-/// logging) and `data.*` (the training files and the prompts per step). Key names fixed by the
+/// logging), `data.*` (the training files and the prompts per step) and `critic.*` (the value
+/// model's optimizer, for algorithms with a critic). Key names fixed by the
 /// trainer issue: `trainer.total_steps`, `trainer.output_dir`, `trainer.save_every`,
 /// `trainer.keep_last`, `trainer.resume`, `trainer.seed`, `data.train_files`,
 /// `data.train_batch_size`.
@@ -14,8 +15,28 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/sharding/optimizer.hpp"
 
 namespace hybridrl {
+
+/// `critic.*` (algorithms with a critic: PPO): the value model's optimizer and warm-up. The critic
+/// trains on the same batches and geometry as the policy (geometry.ppo_epochs, mini- and
+/// micro-batches), under the same sharding options.
+struct CriticOptions {
+  /// The critic's optimizer (verl's critic.optim: lr 1e-5, ten times the actor's).
+  HYBRIDRL_ARG(OptimizerOptions, optim) = OptimizerOptions{}.lr(1e-5);
+  /// Steps at the start that train only the critic (verl's trainer.critic_warmup): the policy
+  /// is not updated until the critic has seen this many batches.
+  HYBRIDRL_ARG(int64_t, warmup_steps) = 0;
+  HYBRIDRL_FIELDS(optim, warmup_steps)
+
+  /// Throws hybridrl::Error naming the first impossible field ("optim.lr = ...").
+  void validate() const {
+    detail::validate_member(optim_, "optim");
+    HYBRIDRL_CHECK(warmup_steps_ >= 0, fmt::format("warmup_steps = {} is negative", warmup_steps_),
+                   "give the number of critic-only steps at the start (0: none)");
+  }
+};
 
 /// `trainer.*`: how long a run is, where it writes, how it checkpoints and resumes.
 struct TrainerOptions {

@@ -7,7 +7,9 @@
 ///   of that part's response tokens (with grad when a loss reads it);
 /// - `ref_[<part>_]log_probs_sum`: the same from the frozen reference (no grad);
 /// - `log_probs`, `entropy`: the policy's per-token values, aligned as core/keys.hpp says (to
-///   `responses` in a rollout batch); `ref_log_probs`: the reference's.
+///   `responses` in a rollout batch); `ref_log_probs`: the reference's;
+/// - `values`: the critic's (PPO's value loss), aligned as log_probs; `old_values` is the same from
+///   the fit loop's values pass, before the step's updates.
 /// Any other key must already be in the batch (the loader's `desirable`, the rollout's tensors,
 /// `old_log_probs` from the fit loop's old-log-prob pass, `scores`, `advantages`).
 
@@ -47,6 +49,7 @@ enum class KeySource {
   batch,      ///< already in the batch (loader, rollout, reward, advantages)
   policy,     ///< the policy's forward
   reference,  ///< the frozen reference's forward
+  critic,     ///< the critic's forward
 };
 
 /// A key the trainer computes: its source, the part of the batch it scores ("chosen_", "kl_", "")
@@ -76,6 +79,11 @@ inline ScoredKey scored_key(std::string_view key) {
       s.prefix = std::string(part);
       s.summed = true;
     }
+    return s;
+  }
+  if (!ref && k == "values") {
+    s.source = KeySource::critic;
+    s.field = "values";
     return s;
   }
   if (k == "log_probs" || (!ref && k == "entropy")) {
@@ -136,9 +144,9 @@ std::map<std::string, at::Tensor> score_keys(const TensorBatch& micro, const std
     if (pack != nullptr) {
       const auto p = (*pack)(roles_of(micro, keys));
       const auto scored = forward(p.rows);
-      const auto& lp = scored.tensor(keys::log_probs);
       for (const auto& k : keys) {
         if (k.summed) {
+          const auto& lp = scored.tensor(keys::log_probs);
           out[k.key] = unpack_sum(p, lp * p.rows.tensor(keys::response_mask).to(lp.scalar_type()), k.prefix);
         } else {
           auto x = unpack(p, scored.tensor(k.field), "");

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "hybridrl/algorithm/advantages.hpp"
 #include "hybridrl/algorithm/metrics.hpp"
 #include "hybridrl/core/batch_geometry.hpp"
 #include "hybridrl/core/config.hpp"
@@ -96,6 +97,65 @@ struct options_of<P, true> {
   using type = typename P::options_type;
 };
 
+/// The entries of `s` whose names start with `prefix`, with the prefix removed (the critic's part
+/// of a checkpoint, saved under "critic.").
+inline std::map<std::string, at::Tensor> with_prefix_removed(const std::map<std::string, at::Tensor>& s,
+                                                             const std::string& prefix) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [k, v] : s) {
+    if (k.rfind(prefix, 0) == 0) out.emplace(k.substr(prefix.size()), v);
+  }
+  return out;
+}
+
+/// The default critic of fit(): the policy's trunk and a score head drawn from `seed` (a generator
+/// of its own, so a run's critic is the same however often it is made: a resumed run, a rerun).
+inline ValueModel seeded_value_model(const CausalLM& policy, uint64_t seed) {
+  auto v = make_value_model(policy);
+  c10::NoGradGuard g;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const auto w = at::empty(v->score->weight.sizes(), at::kFloat).normal_(0.0, v->config().initializer_range, gen);
+  v->score->weight.copy_(w);
+  v->score->bias.zero_();
+  return v;
+}
+
+/// Algorithms that train a critic (PPO): `needs_critic` declared and true.
+template <class A>
+inline constexpr bool needs_critic_v = [] {
+  if constexpr (requires { A::needs_critic; }) {
+    return static_cast<bool>(A::needs_critic);
+  } else {
+    return false;
+  }
+}();
+
+/// Sharding descriptors that also train a critic: `make_critic(value_model, options, optim, steps, world)`.
+template <class S, class O>
+concept makes_critic_engine = requires(ValueModel v, const O& o, const OptimizerOptions& opt) {
+  S::make_critic(v, o, opt, int64_t{1}, int64_t{1});
+};
+
+/// The critic engine of a Sharding policy that has one (int otherwise: no critic is trained).
+template <class S, bool Critic>
+struct critic_engine_of {
+  using type = int;
+};
+template <class S>
+  requires requires { typename S::critic_engine_type; }
+struct critic_engine_of<S, true> {
+  using type = typename S::critic_engine_type;
+};
+
+/// Algorithms that keep run state in checkpoints: `save_state(state) -> map<string, double>` and
+/// `load_state(state&, map)` (PPO's adaptive KL coefficient).
+template <class A>
+concept saves_algorithm_state = requires(const typename A::state_type& cs, typename A::state_type& s,
+                                         const std::map<std::string, double>& m) {
+  { A::save_state(cs) } -> std::convertible_to<std::map<std::string, double>>;
+  A::load_state(s, m);
+};
+
 /// Sharding descriptors whose engine trains a CausalLM: `make(model, options, optim, steps, world)`.
 template <class S, class O>
 concept makes_training_engine = requires(CausalLM m, const O& o, const OptimizerOptions& opt) {
@@ -140,6 +200,10 @@ struct FitParts {
   std::optional<nlohmann::json> run_config;
   /// dtype of the rollout engine's copy of the weights (online); default: the policy's.
   std::optional<at::ScalarType> rollout_dtype;
+  /// The critic of algorithms that train one (PPO); default: the policy's trunk with a freshly
+  /// initialised score head (verl's critic init; drawn from trainer.seed), made when fit() starts
+  /// from the policy as fit() receives it.
+  std::optional<ValueModel> critic;
   /// Called after each step is logged (and checkpointed when due) with its number and metrics;
   /// what it throws ends fit() as a crash would (the tests' interruption).
   std::function<void(int64_t step, const std::map<std::string, double>& metrics)> on_step;
@@ -161,6 +225,9 @@ class Trainer {
 
   /// True for the online form (a Rollout slot exists).
   static constexpr bool has_rollout = !std::is_same_v<rollout_type, NoRollout>;
+  /// True when the algorithm trains a critic (PPO): the Options have critic.* keys and fit() a
+  /// value model.
+  static constexpr bool has_critic = rules_hold_ && detail::needs_critic_v<algorithm_type>;
 
   using algorithm_options = typename detail::options_of<algorithm_type, rules_hold_>::type;
   using sharding_options = typename detail::options_of<sharding_type, rules_hold_>::type;
@@ -169,25 +236,28 @@ class Trainer {
 
   /// Everything the trainer needs at run time: the run (trainer.*, with the one seed), the data
   /// (data.*), one Options struct per policy, the optimizer and the geometry. Configuration keys:
-  /// trainer.*, data.*, algorithm.*, optim.*, sharding.*, rollout.* (online only), loader.*,
-  /// geometry.* (core/config.hpp reads and writes them).
+  /// trainer.*, data.*, algorithm.*, optim.*, critic.* (algorithms with a critic), sharding.*,
+  /// rollout.* (online only), loader.*, geometry.* (core/config.hpp reads and writes them).
   struct Options {
     HYBRIDRL_ARG(TrainerOptions, trainer) = {};
     HYBRIDRL_ARG(DataOptions, data) = {};
     HYBRIDRL_ARG(algorithm_options, algorithm) = {};
     HYBRIDRL_ARG(OptimizerOptions, optim) = {};
+    HYBRIDRL_ARG(CriticOptions, critic) = {};
     HYBRIDRL_ARG(sharding_options, sharding) = {};
     HYBRIDRL_ARG(rollout_options, rollout) = {};
     HYBRIDRL_ARG(loader_options, loader) = {};
     HYBRIDRL_ARG(BatchGeometry, geometry) = {};
 
-    /// The field visitor (HYBRIDRL_FIELDS, except that an offline trainer has no rollout key).
+    /// The field visitor (HYBRIDRL_FIELDS, except that an offline trainer has no rollout key and
+    /// an algorithm without a critic no critic key).
     template <class Self, class F>
     static void visit_fields(Self& self, F&& f) {
       f("trainer", self.trainer_);
       f("data", self.data_);
       f("algorithm", self.algorithm_);
       f("optim", self.optim_);
+      if constexpr (has_critic) f("critic", self.critic_);
       f("sharding", self.sharding_);
       if constexpr (has_rollout) f("rollout", self.rollout_);
       f("loader", self.loader_);
@@ -254,6 +324,7 @@ class Trainer {
       detail::validate_member(data_, "data");
       detail::validate_member(algorithm_, "algorithm");
       detail::validate_member(optim_, "optim");
+      if constexpr (has_critic) detail::validate_member(critic_, "critic");
       detail::validate_member(sharding_, "sharding");
       if constexpr (has_rollout) detail::validate_member(rollout_, "rollout");
       detail::validate_member(loader_, "loader");
@@ -328,13 +399,18 @@ class Trainer {
     return fit(std::move(policy), std::shared_ptr<const D>(std::make_shared<D>(std::move(data))), std::move(parts));
   }
 
-  /// Trains `policy` in place on the prompts of `data` — online algorithms (GRPO, a user's
-  /// critic-free algorithm). Each step: data.train_batch_size prompts, each repeated rollout.n
-  /// times with one group id; the rollout engine (its own copy of the weights, in the rollout's
-  /// dtype) samples the responses; `reward` scores them (a step with a NaN or infinite score is
-  /// reported and not trained on); the reference's and the policy's per-token log-probs (old
-  /// log-probs); the algorithm's advantages; the update as for offline algorithms; the new weights
-  /// to the rollout engine, bucket by bucket. `parts.decode` gives the reward the response text.
+  /// Trains `policy` in place on the prompts of `data` — online algorithms (PPO, GRPO, yours).
+  /// Each step: data.train_batch_size prompts, each repeated rollout.n times with one group id;
+  /// the rollout engine (its own copy of the weights, in the rollout's dtype) samples the
+  /// responses (with rollout.free_cache_engine its KV pool is then freed until the next step);
+  /// `reward` scores them (a step with a NaN or infinite score is reported and not trained on),
+  /// each score placed on its response's last token where the algorithm reads
+  /// token_level_scores; the reference's and the policy's per-token log-probs (old log-probs);
+  /// with a critic (PPO) its values (old_values); the algorithm's advantages; the update as for
+  /// offline algorithms — with a critic, each mini-batch also steps the critic on the value loss
+  /// (from the first step; the policy from step critic.warmup_steps + 1); the new weights to the
+  /// rollout engine, bucket by bucket. `parts.decode` gives the reward the response text;
+  /// `parts.critic` the critic (default: the policy's trunk, a fresh score head).
   template <class D>
     requires(has_rollout)
   FitResult fit(CausalLM policy, std::shared_ptr<const D> data, BatchRewardFn reward, FitParts parts = {}) {
@@ -433,13 +509,34 @@ class Trainer {
     }
     const auto device = policy->parameters().front().device();
     auto engine = sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
+    // the critic (PPO): its own engine and optimizer; from the policy's trunk unless one is given
+    using CriticEngine = typename detail::critic_engine_of<sharding_type, has_critic>::type;
+    std::optional<CriticEngine> critic;
+    if constexpr (has_critic) {
+      static_assert(detail::makes_critic_engine<sharding_type, sharding_options>,
+                    "hybridrl: this Algorithm trains a critic (needs_critic = true), but its Sharding policy has no "
+                    "make_critic(ValueModel, options, optim, total_steps, world_size). Use Sharding<FSDP>, or give "
+                    "your Sharding policy a make_critic and a critic_engine_type.");
+      ValueModel value_model =
+          parts.critic ? *parts.critic : detail::seeded_value_model(policy, derive_seed(t.seed(), "critic"));
+      parts.critic.reset();
+      value_model->to(device);
+      critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps,
+                                                g.world_size()));
+    }
     auto state = algorithm_type::make_state(o.algorithm());
     int64_t step = 0;
     if (ckpt) {
       engine.load_state_dict(ckpt->tensors);
+      if constexpr (has_critic) critic->load_state_dict(detail::with_prefix_removed(ckpt->tensors, "critic."));
+      if constexpr (detail::saves_algorithm_state<algorithm_type>) {
+        if (ckpt->meta.contains("algorithm_state")) {
+          algorithm_type::load_state(state, ckpt->meta["algorithm_state"].template get<std::map<std::string, double>>());
+        }
+      }
       step = ckpt->step;
       restore_rng(ckpt->tensors);
-      ckpt.reset();  // the state is in the engine now: do not hold a second copy through the run
+      ckpt.reset();  // the state is in the engines now: do not hold a second copy through the run
     }
     // online: the rollout engine holds its own copy of the weights, in the rollout's dtype
     using RolloutEngine = typename detail::rollout_engine_of<rollout_type>::type;
@@ -471,6 +568,10 @@ class Trainer {
       meta["loader"] = loader.state();
       meta["config"] = to_json(o);
       auto tensors = engine.state_dict();
+      if constexpr (has_critic) {
+        for (auto& [k, v] : critic->state_dict()) tensors["critic." + k] = std::move(v);
+      }
+      if constexpr (detail::saves_algorithm_state<algorithm_type>) meta["algorithm_state"] = algorithm_type::save_state(state);
       save_rng(tensors);
       result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
     };
@@ -483,6 +584,16 @@ class Trainer {
     const auto loss_keys = scored_keys(KeySource::policy, {reads});
     const auto prepare_keys = scored_keys(KeySource::policy, {prepares});
     auto engine_forward = [&engine](const TensorBatch& rows) { return engine.forward(rows); };
+    std::vector<Key> value_reads;
+    std::vector<ScoredKey> value_keys;
+    if constexpr (has_critic) {
+      value_reads = algorithm_type::value_loss_reads(o.algorithm());
+      value_keys = scored_keys(KeySource::critic, {value_reads});
+    }
+    const bool token_scores =
+        std::any_of(advantage_reads.begin(), advantage_reads.end(),
+                    [](const Key& k) { return k.name == keys::token_level_scores.name; });
+    bool released = false;  // the rollout's KV pool is freed between generations (free_cache_engine)
     while (step < total) {
       const auto t0 = clock::now();
       auto got = loader.next();
@@ -499,8 +610,15 @@ class Trainer {
         auto prompts = repeat_for_rollout(*got, g.rollout_n());
         auto sampling = o.rollout().sampling();
         sampling.seed(request_seed(sampling.seed(), step));
+        if (released) rollout->resume_memory();
         batch = rollout->generate(prompts, sampling).to(device);
         const auto rs = rollout->stats();
+        if constexpr (requires { o.rollout().free_cache_engine(); }) {
+          if (o.rollout().free_cache_engine()) {
+            rollout->release_memory();  // the KV pool's memory goes to the scoring and update phases
+            released = true;
+          }
+        }
         m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
         step_tokens = rs.prompt_tokens + rs.generated_tokens;
         // reward
@@ -520,6 +638,7 @@ class Trainer {
           }
         }
         batch.set(keys::scores, scores);
+        if (token_scores) batch.set(keys::token_level_scores, scores_on_last_token(scores, batch.tensor(keys::response_mask)));
         const auto lens = batch.tensor(keys::response_mask).to(at::kDouble).sum(1);
         m["response_length_mean"] = lens.mean().template item<double>();
         m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
@@ -565,20 +684,69 @@ class Trainer {
             }
           }
           m["time/old_log_prob"] = std::chrono::duration<double>(clock::now() - l0).count();
+          if constexpr (has_critic) {  // the critic's values before this step's updates
+            const auto v0 = clock::now();
+            c10::NoGradGuard ng;
+            std::vector<at::Tensor> vs;
+            for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
+              vs.push_back(critic->forward(detail::part_of(micro, "")).tensor(keys::values).to(at::kFloat));
+            }
+            batch.set(keys::old_values, at::cat(vs));
+            m["time/values"] = std::chrono::duration<double>(clock::now() - v0).count();
+          }
           // advantages
           const auto a0 = clock::now();
+          if constexpr (requires { state.kl_ctrl.value(); }) m["kl_coef"] = state.kl_ctrl.value();
           batch.require(advantage_reads, "the algorithm's compute_advantages");
           algorithm_type::compute_advantages(batch, o.algorithm(), state);
           m["time/advantage"] = std::chrono::duration<double>(clock::now() - a0).count();
+          if constexpr (has_critic) {
+            const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
+            const auto n = mask.sum().clamp_min(1.0);
+            const auto v = batch.tensor(keys::old_values).to(at::kFloat), ret = batch.tensor(keys::returns).to(at::kFloat);
+            auto masked_var = [&](const at::Tensor& x) {
+              const auto mean = (x * mask).sum() / n;
+              return ((x - mean).square() * mask).sum() / n;
+            };
+            m["critic/values_mean"] = ((v * mask).sum() / n).template item<double>();
+            m["critic/returns_mean"] = ((ret * mask).sum() / n).template item<double>();
+            // verl's vf_explained_var: 1 - Var(returns - values) / Var(returns)
+            m["critic/vf_explained_var"] =
+                (1.0 - masked_var(ret - v) / masked_var(ret).clamp_min(1e-8)).template item<double>();
+          }
         }
       }
       // the update: ppo_epochs passes of mini-batches of micro-batches
       const auto u0 = clock::now();
-      std::map<std::string, double> sums;  // each mini-batch's metrics, averaged over the updates
-      double loss_sum = 0, grad_sum = 0, lr = 0;
-      int64_t updates = 0, skipped = 0;
+      std::map<std::string, double> sums, critic_sums;  // each mini-batch's metrics, averaged over the updates
+      double loss_sum = 0, grad_sum = 0, lr = 0, critic_grad_sum = 0, critic_lr = 0;
+      int64_t updates = 0, skipped = 0, critic_updates = 0;
+      // the policy waits for the critic's warm-up steps (critic.warmup_steps)
+      const bool update_policy = !has_critic || step > o.critic().warmup_steps();
       for (int64_t epoch = 0; epoch < g.ppo_epochs() && train; ++epoch) {
         for (auto& mini : batch.split(mini_rows)) {
+          LossCounts counts;
+          counts.global_sequences = mini.size();
+          counts.global_tokens = mini.has_tensor("response_mask")
+                                     ? mini.tensor("response_mask").sum().template item<int64_t>()
+                                     : 0;
+          counts.data_parallel_size = g.data_parallel_size();
+          if constexpr (has_critic) {  // the critic's update on this mini-batch (clipped value loss)
+            MetricAggregator agg;
+            auto critic_forward = [&critic](const TensorBatch& rows) { return critic->forward(rows); };
+            for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
+              for (auto& [k, x] : score_micro(micro, value_keys, critic_forward)) micro.set(k, x);
+              micro.require(value_reads, "the algorithm's value_loss");
+              auto out = algorithm_type::value_loss(micro, o.algorithm(), state, counts);
+              critic->backward(out.loss);
+              agg.add(out);
+            }
+            critic_grad_sum += critic->step().template item<double>();
+            critic_lr = critic->last_step().lr;
+            for (const auto& [name, v] : agg.result()) critic_sums[name] += v;
+            ++critic_updates;
+          }
+          if (!update_policy) continue;
           {  // keys the algorithm's prepare hook reads (KTO's z0): the policy without grad
             c10::NoGradGuard ng;
             std::map<std::string, std::vector<at::Tensor>> v;
@@ -589,12 +757,6 @@ class Trainer {
           }
           mini.require(prepares, "the algorithm's prepare_mini_batch");
           algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, nullptr);
-          LossCounts counts;
-          counts.global_sequences = mini.size();
-          counts.global_tokens = mini.has_tensor("response_mask")
-                                     ? mini.tensor("response_mask").sum().template item<int64_t>()
-                                     : 0;
-          counts.data_parallel_size = g.data_parallel_size();
           at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
           MetricAggregator agg;
           for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
@@ -629,6 +791,11 @@ class Trainer {
         m["grad_norm"] = grad_sum / static_cast<double>(updates);
         m["lr"] = lr;
       }
+      if (critic_updates > 0) {
+        for (const auto& [name, v] : critic_sums) m[name] = v / static_cast<double>(critic_updates);
+        m["critic/grad_norm"] = critic_grad_sum / static_cast<double>(critic_updates);
+        m["critic/lr"] = critic_lr;
+      }
       if (m.count("actor/pg_clipfrac") != 0) m["clip_frac"] = m["actor/pg_clipfrac"];
       m["skipped_updates"] = static_cast<double>(skipped);
       m["skipped_step"] = train ? 0.0 : 1.0;
@@ -655,6 +822,9 @@ class Trainer {
       for (const auto& f : parts.tokenizer_files) {
         std::filesystem::copy_file(f, std::filesystem::path(dir) / std::filesystem::path(f).filename(),
                                    std::filesystem::copy_options::overwrite_existing);
+      }
+      if constexpr (has_critic) {  // the critic too, as <Arch>ForTokenClassification
+        save_pretrained(critic->model(), (std::filesystem::path(t.output_dir()) / "critic").string());
       }
     }
     return result;

@@ -1,0 +1,64 @@
+#pragma once
+// Test support for the fit loop (tests/trainer): a temporary output directory, the fixture
+// model, prompt files, a reward with a learnable band, and metrics.jsonl without its timings.
+#include <hybridrl/hybridrl.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace hybridrl::testing {
+
+/// A fresh directory under /tmp, removed with its contents at scope exit.
+struct FitTempDir {
+  std::string path;
+  explicit FitTempDir(const std::string& tag)
+      : path((std::filesystem::temp_directory_path() / ("hybridrl_fit_" + tag + "_" + std::to_string(::getpid()))).string()) {
+    io::detail::remove_tree(path);
+    std::filesystem::create_directories(path);
+  }
+  ~FitTempDir() { io::detail::remove_tree(path); }
+};
+
+/// The tiny Llama fixture (tests/fixtures/models/llama), loaded fresh.
+inline CausalLM fit_fixture_model() { return load_causal_lm(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama"); }
+
+/// The lines of metrics.jsonl without the keys that measure time or memory (time/*, memory/*,
+/// tokens_per_s).
+inline std::vector<nlohmann::json> reproducible_metrics(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto all = nlohmann::json::parse(line);
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : all.items()) {
+      if (k.rfind("time/", 0) != 0 && k.rfind("memory/", 0) != 0 && k != "tokens_per_s") j[k] = v;
+    }
+    out.push_back(j);
+  }
+  return out;
+}
+
+/// `n` prompts (with an answer field the reward may read).
+inline std::string write_prompts(const std::string& dir, int n) {
+  const auto path = dir + "/prompts.jsonl";
+  std::ofstream out(path);
+  for (int i = 0; i < n; ++i) {
+    out << nlohmann::json{{"prompt", "count " + std::to_string(i)}, {"answer", std::to_string(i)}}.dump() << "\n";
+  }
+  return path;
+}
+
+/// The fraction of a response's tokens in [lo, lo + 10): about 3% for the fixture's random model.
+inline double share_in_band(const RewardInput& x, int64_t lo) {
+  if (x.response_ids.empty()) return 0.0;
+  double hits = 0;
+  for (auto id : x.response_ids) hits += (id >= lo && id < lo + 10) ? 1.0 : 0.0;
+  return hits / static_cast<double>(x.response_ids.size());
+}
+
+}  // namespace hybridrl::testing
