@@ -266,6 +266,22 @@ TEST_SUITE("rollout/paged_cuda") {
       auto again = graphs.generate(prompts, s);  // the captured graphs serve a second call
       CHECK(at::equal(again.tensor(keys::responses), a.tensor(keys::responses)));
     }
+    {  // one engine whose graphs are dropped and captured again: a change of sampling, and a
+       // release_memory / resume_memory between steps (the fit loop's free_cache_engine)
+      PagedEngine engine(m, PagedOptions{}.kv_cache_tokens(4096));
+      const auto greedy = SamplingOptions{}.temperature(0).max_new_tokens(12).ignore_eos(true);
+      const auto sampled = SamplingOptions{}.temperature(0.8).max_new_tokens(12).ignore_eos(true).seed(3);
+      const auto first = engine.generate(prompts, greedy).tensor(keys::responses);
+      engine.generate(prompts, sampled);
+      CHECK(engine.stats().graph_steps >= 10);
+      CHECK(at::equal(engine.generate(prompts, greedy).tensor(keys::responses), first));
+      for (int i = 0; i < 2; ++i) {
+        engine.release_memory();
+        engine.resume_memory();
+        CHECK(at::equal(engine.generate(prompts, greedy).tensor(keys::responses), first));
+        CHECK(engine.stats().graph_steps >= 10);
+      }
+    }
     // bf16: greedy tokens of the paged engine (kernel, graphs) against the dense path, reported
     m->to(at::kBFloat16);
     const auto greedy = SamplingOptions{}.temperature(0).max_new_tokens(12).ignore_eos(true);
