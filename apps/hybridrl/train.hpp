@@ -64,11 +64,23 @@ struct TrainModelOptions {
 
 /// reward.*: what scores an online run's responses.
 struct TrainRewardOptions {
-  /// task (the built-in task's), exact_match, gsm8k, gsm8k_flexible or boxed_math; empty: task when
-  /// task.name is set.
+  /// task (the built-in task's), exact_match, gsm8k, gsm8k_flexible, boxed_math, or model (a
+  /// reward model: reward.model_path); empty: task when task.name is set, else exact_match.
   HYBRIDRL_ARG(std::string, name) = "";
-  HYBRIDRL_FIELDS(name)
-  void validate() const {}
+  /// reward.name=model: a `...ForSequenceClassification` checkpoint with one label, sharing the
+  /// policy's tokenizer (prompt and response tokens are scored as the policy drew them).
+  HYBRIDRL_ARG(std::string, model_path) = "";
+  /// reward.name=model: rows per reward-model forward.
+  HYBRIDRL_ARG(int64_t, micro_batch_size) = 16;
+  HYBRIDRL_FIELDS(name, model_path, micro_batch_size)
+  void validate() const {
+    HYBRIDRL_CHECK(name_ != "model" || !model_path_.empty(), "name = model but model_path is empty",
+                   "pass reward.model_path=DIR (a ...ForSequenceClassification checkpoint)");
+    HYBRIDRL_CHECK(name_ == "model" || model_path_.empty(),
+                   fmt::format("model_path is set but name = \"{}\"", name_), "set reward.name=model to score with it");
+    HYBRIDRL_CHECK(micro_batch_size_ >= 1, fmt::format("micro_batch_size = {} is below 1", micro_batch_size_),
+                   "score at least one row per forward, e.g. 16");
+  }
 };
 
 /// The whole configuration of one trainer type T: the program's tables, then T's.
@@ -89,6 +101,7 @@ struct TrainConfig {
   void validate() const {
     detail::validate_member(model_, "model");
     detail::validate_member(task_, "task");
+    if constexpr (T::has_rollout) detail::validate_member(reward_, "reward");
     run_.validate();
     HYBRIDRL_CHECK(!task_.name().empty() || !run_.data().train_files().empty(),
                    "neither task.name nor data.train_files is set", "pass task.name=reverse (a built-in task) or data.train_files=[file.jsonl]");
@@ -261,9 +274,25 @@ int run_train_as(const TrainSources& src, bool print_only) {
   if constexpr (T::has_rollout) {
     auto name = cfg.reward().name();
     if (name.empty()) name = cfg.task().name().empty() ? "exact_match" : "task";
-    const RewardFn reward = name == "task" ? task_reward() : builtin_reward(name);
-    parts.decode = [tok](const std::vector<int64_t>& ids) { return tok.decode(ids); };
-    r = T(cfg.run()).fit(policy, data, batched(reward), parts);
+    BatchRewardFn reward;
+    if (name == "model") {
+      auto rm = load_reward_model(cfg.reward().model_path(), LoadOptions{}.dtype(mo.dtype()).device(device));
+      check_vocabulary(tok, rm->config());
+      reward = reward_model_reward(rm, cfg.reward().micro_batch_size());
+    } else {
+      reward = batched(name == "task" ? task_reward() : builtin_reward(name));
+    }
+    // ids past the tokenizer's vocabulary (a model whose embedding is padded beyond it) have no
+    // text: they are left out of the decoded response, as they would be of a detokenizer's
+    parts.decode = [tok](const std::vector<int64_t>& ids) {
+      std::vector<int64_t> known;
+      known.reserve(ids.size());
+      for (auto id : ids) {
+        if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+      }
+      return tok.decode(known);
+    };
+    r = T(cfg.run()).fit(policy, data, reward, parts);
   } else {
     r = T(cfg.run()).fit(policy, data, parts);
   }

@@ -6,6 +6,10 @@
 # ppo: PPO (critic from the policy's trunk) on the reverse task through Rollout<Naive>: the critic's
 #   metrics in metrics.jsonl, the critic written next to the model; `--help` with algorithm.name=ppo
 #   lists the critic's keys.
+# reward_model: GRPO on the fixture prompts scored by the fixture reward model (reward.name=model;
+#   the policy samples ids the byte tokenizer cannot decode: they are left out of the text);
+#   a missing path and a policy checkpoint as the reward model are refused.
+# cuda: GRPO and PPO with model.device=cuda (registered on CUDA builds; skipped without a device).
 # dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
 #   the first step's loss is ln 2 (policy = reference); data.train_files as a bare list on the
 #   command line.
@@ -108,6 +112,54 @@ elseif(MODE STREQUAL "ppo")
   if(NOT rc EQUAL 0 OR NOT out MATCHES "critic.optim.lr" OR NOT out MATCHES "critic.warmup_steps" OR NOT out MATCHES "model.critic_path")
     message(FATAL_ERROR "train algorithm.name=ppo --help lists no critic keys (${rc}): ${out}${herr}")
   endif()
+elseif(MODE STREQUAL "reward_model")
+  # the fixture policy's vocabulary (320) is wider than the byte tokenizer's (259): a sampled id
+  # past it has no text, and the reward model scores the ids as drawn
+  run_train(rc err algorithm.name=grpo rollout.name=naive model.path=${FIXTURES}/models/llama
+    data.train_files=[${FIXTURES}/data/prompts.jsonl] reward.name=model reward.model_path=${FIXTURES}/models/llama_rm
+    reward.micro_batch_size=3 trainer.total_steps=2 trainer.output_dir=${WORK}/run trainer.save_model=false
+    data.train_batch_size=2 rollout.n=4 rollout.max_new_tokens=6 geometry.ppo_mini_batch_size=2
+    geometry.micro_batch_size_per_gpu=8 optim.lr=1e-3 loader.epochs=0)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "GRPO with a reward model failed (${rc}): ${err}")
+  endif()
+  file(STRINGS ${WORK}/run/metrics.jsonl lines)
+  list(GET lines 0 first)
+  string(JSON std GET "${first}" reward_std)
+  if(NOT std GREATER 0)
+    message(FATAL_ERROR "the reward model gave every response the same score: ${first}")
+  endif()
+  run_train(rc err algorithm.name=grpo model.path=${FIXTURES}/models/llama data.train_files=[${FIXTURES}/data/prompts.jsonl]
+    reward.name=model trainer.total_steps=1)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "name = model but model_path is empty")
+    message(FATAL_ERROR "reward.name=model without a path: exit ${rc}, ${err}")
+  endif()
+  run_train(rc err algorithm.name=grpo model.path=${FIXTURES}/models/llama data.train_files=[${FIXTURES}/data/prompts.jsonl]
+    reward.name=model reward.model_path=${FIXTURES}/models/llama trainer.total_steps=1)
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "not a reward model")
+    message(FATAL_ERROR "a policy checkpoint as the reward model: exit ${rc}, ${err}")
+  endif()
+elseif(MODE STREQUAL "cuda")
+  execute_process(COMMAND ${EXE} info --json OUTPUT_VARIABLE info)
+  string(JSON devices GET "${info}" cuda_device_count)
+  if(devices EQUAL 0)
+    message(STATUS "no CUDA device: skipped")
+    return()
+  endif()
+  foreach(algo grpo ppo)
+    run_train(rc err algorithm.name=${algo} task.name=reverse model.init=tiny model.device=cuda trainer.total_steps=3
+      trainer.output_dir=${WORK}/${algo} data.train_batch_size=16 rollout.n=8 rollout.max_new_tokens=5
+      geometry.ppo_mini_batch_size=4 geometry.micro_batch_size_per_gpu=32 optim.lr=5e-4)
+    if(NOT rc EQUAL 0 OR NOT err MATCHES "step 3/3")
+      message(FATAL_ERROR "hybridrl train ${algo} on CUDA failed (${rc}): ${err}")
+    endif()
+    file(STRINGS ${WORK}/${algo}/metrics.jsonl lines)
+    list(GET lines 2 last)
+    string(JSON peak GET "${last}" memory/peak_gb)
+    if(NOT peak GREATER 0)
+      message(FATAL_ERROR "no CUDA memory reported: ${last}")
+    endif()
+  endforeach()
 elseif(MODE STREQUAL "dpo_yaml")
   file(WRITE ${WORK}/run.yaml "algorithm: {name: dpo, beta: 0.1}\nmodel: {path: ${FIXTURES}/models/llama}\n"
     "data: {train_files: [${FIXTURES}/data/pairs.jsonl], train_batch_size: 2}\n"

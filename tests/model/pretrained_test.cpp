@@ -621,4 +621,27 @@ TEST_SUITE("model/pretrained") {
     save_safetensors(std::string(dir) + "/hybridrl_logits.safetensors", {{"logits", logits}});
     MESSAGE("wrote " << dir << "/hybridrl_logits.safetensors (" << (cuda ? "CUDA bf16" : "CPU fp32") << ")");
   }
+
+  TEST_CASE("reward model: load_reward_model scores as transformers' LlamaForSequenceClassification, any padding") {
+    const auto dir = kModels + "/llama_rm";
+    auto rm = load_reward_model(dir);
+    CHECK_FALSE(rm->is_training());
+    for (const auto& p : rm->parameters()) CHECK_FALSE(p.requires_grad());
+    const auto ref = load_safetensors(dir + "/hf_scores.safetensors");
+    torch::NoGradGuard g;
+    for (const char* pad : {"unpadded", "left", "right"}) {
+      CAPTURE(pad);
+      const std::string k = pad;
+      const auto got = rm->score_sequences(ref.at(k + ".input_ids"), ref.at(k + ".attention_mask"));
+      const auto want = ref.at(k + ".scores");
+      MESSAGE(pad << ": max |ours - transformers| = " << (got - want).abs().max().item<double>());
+      CHECK(at::allclose(got, want, 1e-5, 1e-5));
+    }
+    // a policy checkpoint is no reward model; a reward model is no policy
+    CHECK(contains(error_of([&] { (void)load_reward_model(kModels + "/llama"); }),
+                   "holds a LlamaForCausalLM checkpoint, not a reward model"));
+    CHECK(contains(error_of([&] { (void)load_causal_lm(dir); }), "has no tensor 'lm_head.weight'"));
+    CHECK(contains(error_of([&] { (void)rm->score_sequences(at::ones({2, 3}, at::kLong), at::zeros({2, 3}, at::kLong)); }),
+                   "a row has no token"));
+  }
 }

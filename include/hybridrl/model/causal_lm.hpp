@@ -137,6 +137,49 @@ class ValueModelImpl : public torch::nn::Module {
 /// Module holder of ValueModelImpl.
 TORCH_MODULE(ValueModel);
 
+/// A reward model: the same trunk with a scalar head and no bias, HF's
+/// `...ForSequenceClassification` with one label (Skywork, OpenRLHF and TRL reward models), frozen
+/// in training. The score of a sequence is the head's output at its last token.
+class RewardModelImpl : public torch::nn::Module {
+ public:
+  /// A randomly initialised reward model for `c` (score: normal(0, initializer_range), as HF).
+  explicit RewardModelImpl(const ModelConfig& c) {
+    model = register_module("model", Decoder(c));
+    score = register_module("score", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, 1).bias(false)));
+    c10::NoGradGuard no_grad;
+    score->weight.normal_(0.0, c.initializer_range);
+  }
+  /// The head's output [B, T] (fp32) at every position; see ForwardArgs.
+  at::Tensor forward(const at::Tensor& input_ids, const ForwardArgs& args = {}) {
+    return score(model->forward(input_ids, args)).squeeze(-1).to(at::kFloat);
+  }
+  /// One score per row [B] (fp32): the head at the row's last token, the last position where
+  /// `attention_mask` [B, T] is 1 (right or left padding alike; HF takes the last non-pad token).
+  at::Tensor score_sequences(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+    HYBRIDRL_CHECK(input_ids.dim() == 2 && attention_mask.sizes() == input_ids.sizes(),
+                   fmt::format("RewardModel.score_sequences: input_ids [{}] and attention_mask [{}] must be the same [B, T]",
+                               fmt::join(input_ids.sizes(), ", "), fmt::join(attention_mask.sizes(), ", ")),
+                   "pass the batch's input_ids and its 0/1 attention_mask");
+    const auto dev = score->weight.device();
+    const auto mask = attention_mask.to(dev).to(at::kLong);
+    HYBRIDRL_CHECK(mask.sum(1).gt(0).all().item<bool>(), "RewardModel.score_sequences: a row has no token",
+                   "score non-empty sequences");
+    // position ids count the tokens (left padding shifts them, as the policy's forward does)
+    const auto pos = (mask.cumsum(1) - 1).clamp_min(0);
+    const auto per_token = forward(input_ids.to(dev), ForwardArgs{}.attention_mask(mask).position_ids(pos));
+    const auto T = mask.size(1);
+    const auto last = (at::arange(T, mask.options()).unsqueeze(0) * mask).argmax(1, true);
+    return per_token.gather(1, last).squeeze(1);
+  }
+  /// The architecture.
+  [[nodiscard]] const ModelConfig& config() const noexcept { return model->config(); }
+
+  Decoder model{nullptr};
+  torch::nn::Linear score{nullptr};
+};
+/// Module holder of RewardModelImpl.
+TORCH_MODULE(RewardModel);
+
 namespace detail {
 
 /// Whether a copy laid out by `to` can be filled from a model laid out by `from`: the same layout,

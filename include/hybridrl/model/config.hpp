@@ -126,9 +126,10 @@ inline const std::vector<std::string>& supported_architectures() {
 
 namespace detail {
 
-/// "LlamaForCausalLM" → "Llama" (the prefix HF uses for sibling heads such as ForTokenClassification).
+/// "LlamaForCausalLM" → "Llama" (the prefix HF uses for sibling heads: ForTokenClassification
+/// critics, ForSequenceClassification reward models).
 inline std::string architecture_prefix(const std::string& arch) {
-  for (const char* suffix : {"ForCausalLM", "ForTokenClassification", "Model"}) {
+  for (const char* suffix : {"ForCausalLM", "ForTokenClassification", "ForSequenceClassification", "Model"}) {
     const std::string s = suffix;
     if (arch.size() > s.size() && arch.compare(arch.size() - s.size(), s.size(), s) == 0) {
       return arch.substr(0, arch.size() - s.size());
@@ -178,7 +179,7 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
                    fmt::format("unknown architecture '{}'",
                                arch.empty() ? std::string("(none given)") : arch),
                    "hybridrl implements LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM "
-                   "(and their ForTokenClassification critics)");
+                   "(and their ForTokenClassification critics and ForSequenceClassification reward models)");
     c.architecture = prefix + "ForCausalLM";
     c.model_type = detail::json_or<std::string>(j, "model_type", prefix == "Qwen2" ? "qwen2"
                                                                   : prefix == "Mistral" ? "mistral"

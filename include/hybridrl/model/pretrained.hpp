@@ -215,11 +215,15 @@ struct ParameterShape {
   std::vector<int64_t> shape;  ///< e.g. [intermediate_size, hidden_size]
 };
 
-/// The tensors a Llama-family decoder with `c` has, in HF order (embedding; per layer attention,
-/// MLP, norms; final norm; `lm_head.weight` unless tied, or the critic's `score.weight`/`score.bias`
-/// when `critic`). Computed from the config alone, so a checkpoint is checked before any model
-/// memory is allocated.
-inline std::vector<ParameterShape> expected_parameter_shapes(const ModelConfig& c, bool critic = false) {
+/// The head on a checkpoint's decoder trunk: the causal LM's `lm_head`, the critic's `score` with
+/// bias (`...ForTokenClassification`), or the reward model's `score` without (`...ForSequenceClassification`).
+enum class ModelHead { language_model, value, reward };
+
+/// The tensors a Llama-family decoder with `c` and `head` has, in HF order (embedding; per layer
+/// attention, MLP, norms; final norm; `lm_head.weight` unless tied, or the critic's
+/// `score.weight`/`score.bias`, or the reward model's `score.weight`). Computed from the config
+/// alone, so a checkpoint is checked before any model memory is allocated.
+inline std::vector<ParameterShape> expected_parameter_shapes(const ModelConfig& c, ModelHead head) {
   std::vector<ParameterShape> s;
   const int64_t H = c.hidden_size, I = c.intermediate_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim;
@@ -250,13 +254,19 @@ inline std::vector<ParameterShape> expected_parameter_shapes(const ModelConfig& 
     add(p + "post_attention_layernorm.weight", {H});
   }
   add("model.norm.weight", {H});
-  if (critic) {
+  if (head == ModelHead::value) {
     add("score.weight", {1, H});
     add("score.bias", {1});
+  } else if (head == ModelHead::reward) {
+    add("score.weight", {1, H});
   } else if (!c.tie_word_embeddings) {
     add("lm_head.weight", {c.vocab_size, H});
   }
   return s;
+}
+/// As above: the critic's tensors when `critic`, else the causal LM's.
+inline std::vector<ParameterShape> expected_parameter_shapes(const ModelConfig& c, bool critic = false) {
+  return expected_parameter_shapes(c, critic ? ModelHead::value : ModelHead::language_model);
 }
 
 namespace detail {
@@ -264,7 +274,7 @@ namespace detail {
 /// Checks every tensor the config implies against the checkpoint headers, before the model is
 /// built: a config.json whose sizes disagree with the weights (or a tiny config claiming 10^9
 /// layers) fails here without allocating the model. `optional` names may be absent.
-inline void check_shapes_before_building(const ModelConfig& c, const PretrainedReader& ckpt, bool critic,
+inline void check_shapes_before_building(const ModelConfig& c, const PretrainedReader& ckpt, ModelHead head,
                                          const std::set<std::string>& optional = {}) {
   // The layer count first, so a config claiming 10^9 layers fails before its name list is built.
   const auto last = fmt::format("model.layers.{}.input_layernorm.weight", c.num_hidden_layers - 1);
@@ -272,7 +282,7 @@ inline void check_shapes_before_building(const ModelConfig& c, const PretrainedR
                  fmt::format("'{}' has no tensor '{}': config.json's num_hidden_layers = {} is more than "
                              "the checkpoint holds", ckpt.source(), last, c.num_hidden_layers),
                  "the weights do not belong to this config.json: use the config saved with them");
-  for (const auto& [name, shape] : expected_parameter_shapes(c, critic)) {
+  for (const auto& [name, shape] : expected_parameter_shapes(c, head)) {
     if (!ckpt.contains(name)) {
       HYBRIDRL_CHECK(optional.count(name) > 0,
                      fmt::format("'{}' has no tensor '{}' (shape [{}])", ckpt.source(), name, fmt::join(shape, ", ")),
@@ -297,7 +307,7 @@ inline void check_shapes_before_building(const ModelConfig& c, const PretrainedR
 inline CausalLM load_causal_lm(const std::string& dir, const LoadOptions& o = {}) {
   const auto config = load_config(dir);
   PretrainedReader ckpt(dir);
-  detail::check_shapes_before_building(config, ckpt, false);
+  detail::check_shapes_before_building(config, ckpt, ModelHead::language_model);
   CausalLM m(config);
   m->to(o.device(), o.dtype());
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight", "score.weight", "score.bias"});
@@ -309,10 +319,36 @@ inline CausalLM load_causal_lm(const std::string& dir, const LoadOptions& o = {}
 inline ValueModel load_value_model(const std::string& dir, const LoadOptions& o = {}) {
   const auto config = load_config(dir);
   PretrainedReader ckpt(dir);
-  detail::check_shapes_before_building(config, ckpt, true, {"score.weight", "score.bias"});
+  detail::check_shapes_before_building(config, ckpt, ModelHead::value, {"score.weight", "score.bias"});
   ValueModel m(config);
   m->to(o.device(), o.dtype());
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight"}, {"score.weight", "score.bias"});
+  return m;
+}
+
+/// Loads a frozen reward model (eval mode, no grads) from a `...ForSequenceClassification`
+/// checkpoint with one label — a reward model trained with TRL's RewardTrainer or OpenRLHF, e.g.
+/// Skywork-Reward. A checkpoint of another head is an Error: a reward model's score head must be
+/// trained, never freshly drawn.
+inline RewardModel load_reward_model(const std::string& dir, const LoadOptions& o = {}) {
+  const auto config = load_config(dir);
+  std::string arch;
+  if (config.raw.contains("architectures") && config.raw["architectures"].is_array() &&
+      !config.raw["architectures"].empty() && config.raw["architectures"][0].is_string()) {
+    arch = config.raw["architectures"][0].get<std::string>();
+  }
+  const std::string want = "ForSequenceClassification";
+  HYBRIDRL_CHECK(arch.size() > want.size() && arch.compare(arch.size() - want.size(), want.size(), want) == 0,
+                 fmt::format("'{}' holds a {} checkpoint, not a reward model", dir, arch.empty() ? "(no architecture)" : arch),
+                 "pass a ...ForSequenceClassification checkpoint with one label (trained with TRL's RewardTrainer or "
+                 "OpenRLHF), or score with a rule (reward.name=task, exact_match, gsm8k, boxed_math)");
+  PretrainedReader ckpt(dir);
+  detail::check_shapes_before_building(config, ckpt, ModelHead::reward);
+  RewardModel m(config);
+  m->to(o.device(), o.dtype());
+  load_weights(*m, ckpt, o.strict(), {"lm_head.weight"});
+  for (auto& p : m->parameters()) p.requires_grad_(false);
+  m->eval();
   return m;
 }
 

@@ -40,6 +40,7 @@
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS) && defined(HYBRIDRL_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #define HYBRIDRL_PAGED_CUDA_GRAPHS 1
@@ -270,10 +271,18 @@ class PagedEngine {
     kv_ = at::Tensor();
     pool_ = BlockPool(num_blocks_, options_.block_size());  // nothing cached survives the release
     released_ = true;
+    // back to the device, not to the caching allocator: training's tensors (optimizer state
+    // made at its first step) would otherwise be carved out of the freed block, and the pool's
+    // one large allocation could not be made again (seen on the H200: OOM at the second step)
+    empty_device_cache();
   }
-  /// Allocates the KV pool again, the same size.
+  /// Allocates the KV pool again, the same size (the caching allocator's unused blocks are given
+  /// back to the device first, so the training phase's cached memory does not stand in the way).
   void resume_memory() {
-    if (released_) allocate();
+    if (released_) {
+      empty_device_cache();
+      allocate();
+    }
     released_ = false;
   }
 
@@ -307,6 +316,12 @@ class PagedEngine {
 #else
     throw Error("Rollout<Paged>: the KV pool on CUDA is sized from free device memory, which needs hybridrl::cuda",
                 "link hybridrl::cuda (hybridrl_add_cuda_kernels()) or set rollout.kv_cache_tokens");
+#endif
+  }
+
+  void empty_device_cache() const {
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+    if (device_.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
   }
 

@@ -32,6 +32,7 @@ struct RewardInput {
   std::string_view prompt;                 ///< prompt text ("" without a tokenizer)
   std::string_view response;               ///< response text ("" without a tokenizer)
   std::span<const int64_t> response_ids;   ///< the response tokens (EOS included when drawn)
+  std::span<const int64_t> prompt_ids;     ///< the prompt tokens (padding removed; empty when unknown)
 
   /// The row's field `key` as a string (numbers printed), or nullopt when absent.
   [[nodiscard]] std::optional<std::string> field(std::string_view key) const {

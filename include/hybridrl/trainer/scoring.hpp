@@ -19,11 +19,13 @@
 #include <fmt/ranges.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <set>
+#include <span>
 #include <type_traits>
 #include <optional>
 #include <string>
@@ -194,14 +196,26 @@ inline auto frozen_forward(const CausalLM& model, LogProbOptions o) {
 /// Scores every row of a rollout batch with `reward` → float32 [B] on the batch's device (NaN or
 /// infinite where the reward said so: the caller checks). A row's RewardInput holds its dataset
 /// fields (answer, data_source, uid and the line's others), its prompt text (the `prompt` column),
-/// its response ids (up to the response mask's end, EOS included) and their text by `decode` (""
-/// without one).
+/// its prompt ids (the `prompts` tensor without its left padding), its response ids (up to the
+/// response mask's end, EOS included) and their text by `decode` ("" without one).
 inline at::Tensor score_rollout(const TensorBatch& batch, const BatchRewardFn& reward, const DecodeFn& decode) {
   const auto B = batch.size();
   const auto resp = batch.tensor(keys::responses).to(at::kCPU).to(at::kLong).contiguous();
   const auto lens = batch.tensor(keys::response_mask).to(at::kCPU).to(at::kLong).sum(1).contiguous();
   std::vector<nlohmann::json> rows(static_cast<size_t>(B), nlohmann::json::object());
-  std::vector<std::vector<int64_t>> ids(static_cast<size_t>(B));
+  std::vector<std::vector<int64_t>> ids(static_cast<size_t>(B)), prompt_ids(static_cast<size_t>(B));
+  if (batch.has_tensor(keys::prompts.str()) && batch.has_tensor(keys::attention_mask.str())) {
+    const auto p = batch.tensor(keys::prompts).to(at::kCPU).to(at::kLong).contiguous();
+    const auto P = p.size(1);
+    const auto pm = batch.tensor(keys::attention_mask).narrow(1, 0, P).to(at::kCPU).to(at::kLong).contiguous();
+    for (int64_t b = 0; b < B; ++b) {
+      const auto* row = p.data_ptr<int64_t>() + b * P;
+      const auto* m = pm.data_ptr<int64_t>() + b * P;
+      for (int64_t j = 0; j < P; ++j) {
+        if (m[j] != 0) prompt_ids[static_cast<size_t>(b)].push_back(row[j]);
+      }
+    }
+  }
   std::vector<std::string> texts(static_cast<size_t>(B)), prompts(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     auto& row = rows[static_cast<size_t>(b)];
@@ -224,7 +238,7 @@ inline at::Tensor score_rollout(const TensorBatch& batch, const BatchRewardFn& r
     if (decode) texts[static_cast<size_t>(b)] = decode(ids[static_cast<size_t>(b)]);
   }
   std::vector<RewardInput> in(static_cast<size_t>(B));
-  for (size_t b = 0; b < in.size(); ++b) in[b] = RewardInput{&rows[b], prompts[b], texts[b], ids[b]};
+  for (size_t b = 0; b < in.size(); ++b) in[b] = RewardInput{&rows[b], prompts[b], texts[b], ids[b], prompt_ids[b]};
   const auto scores = reward(in);
   HYBRIDRL_CHECK(static_cast<int64_t>(scores.size()) == B,
                  fmt::format("the reward returned {} scores for {} responses", scores.size(), B),
@@ -232,6 +246,53 @@ inline at::Tensor score_rollout(const TensorBatch& batch, const BatchRewardFn& r
   std::vector<float> f(scores.begin(), scores.end());
   return at::tensor(f, at::kFloat).to(batch.tensor(keys::responses).device());
 }
+
+}  // namespace detail
+
+/// A batched reward from a frozen reward model (load_reward_model): each input scored as its
+/// prompt ids then its response ids — the policy's tokens, so the reward model must share the
+/// policy's tokenizer — right-padded into micro-batches of `micro_batch_size` rows, without grad;
+/// the score is the head at the last token (HF's sequence classification). What a reward model
+/// cannot score (a row with no tokens, a row longer than its max_position_embeddings) is an Error.
+inline BatchRewardFn reward_model_reward(RewardModel model, int64_t micro_batch_size = 16) {
+  HYBRIDRL_CHECK(micro_batch_size >= 1, fmt::format("reward_model_reward: micro_batch_size = {} is below 1", micro_batch_size),
+                 "score at least one row per forward, e.g. 16");
+  return [model, micro_batch_size](std::span<const RewardInput> in) mutable {
+    c10::NoGradGuard g;
+    std::vector<double> out;
+    out.reserve(in.size());
+    const auto max_len = model->config().max_position_embeddings;
+    for (size_t i0 = 0; i0 < in.size(); i0 += static_cast<size_t>(micro_batch_size)) {
+      const auto n = std::min(in.size() - i0, static_cast<size_t>(micro_batch_size));
+      int64_t L = 0;
+      for (size_t i = i0; i < i0 + n; ++i) {
+        const auto len = static_cast<int64_t>(in[i].prompt_ids.size() + in[i].response_ids.size());
+        HYBRIDRL_CHECK(len > 0, fmt::format("reward model: input {} has neither prompt nor response tokens", i),
+                       "pass RewardInputs with prompt_ids and response_ids (Trainer::fit fills both)");
+        HYBRIDRL_CHECK(len <= max_len,
+                       fmt::format("reward model: input {} has {} tokens, more than its max_position_embeddings {}", i,
+                                   len, max_len),
+                       "shorten rollout.max_new_tokens or the prompts, or use a reward model with a longer context");
+        L = std::max(L, len);
+      }
+      auto ids = at::zeros({static_cast<int64_t>(n), L}, at::kLong), mask = at::zeros_like(ids);
+      auto* id = ids.data_ptr<int64_t>();
+      auto* mk = mask.data_ptr<int64_t>();
+      for (size_t r = 0; r < n; ++r) {
+        const auto& x = in[i0 + r];
+        int64_t j = 0;
+        for (auto t : x.prompt_ids) id[static_cast<int64_t>(r) * L + j++] = t;
+        for (auto t : x.response_ids) id[static_cast<int64_t>(r) * L + j++] = t;
+        for (int64_t k = 0; k < j; ++k) mk[static_cast<int64_t>(r) * L + k] = 1;
+      }
+      const auto s = model->score_sequences(ids, mask).to(at::kCPU).to(at::kDouble).contiguous();
+      for (int64_t r = 0; r < s.size(0); ++r) out.push_back(s[r].item<double>());
+    }
+    return out;
+  };
+}
+
+namespace detail {
 
 /// Bytes of memory in use: the caching allocator's on CUDA, the process's resident set on the CPU
 /// (peak: the largest resident set so far).
