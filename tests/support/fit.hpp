@@ -61,4 +61,20 @@ inline double share_in_band(const RewardInput& x, int64_t lo) {
   return hits / static_cast<double>(x.response_ids.size());
 }
 
+/// Options of an online trainer `T` (Rollout<Naive>) on the fixture: 4 prompts × 8 samples of 6
+/// tokens per step, one mini-batch, fp32, lr 1e-2, an endless loader; `seed` is trainer.seed.
+template <class T>
+typename T::Options online_fit_options(int64_t steps, uint64_t seed) {
+  typename T::Options o;
+  o.trainer().total_steps(steps).seed(seed);
+  o.data().train_batch_size(4);
+  o.rollout().n(8).max_batch_size(32);
+  o.rollout().sampling().max_new_tokens(6).ignore_eos(true).temperature(1.0);
+  o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(16);
+  o.optim().lr(1e-2).weight_decay(0.0).schedule(LRSchedule::constant);
+  o.sharding().param_dtype(at::kFloat);
+  o.loader().epochs(0).prefetch_factor(0);
+  return o;
+}
+
 }  // namespace hybridrl::testing

@@ -74,18 +74,7 @@ inline FitDPO::Options dpo_options(const std::string& out_dir) {
 
 using FitGRPO = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 
-inline FitGRPO::Options grpo_options(int64_t steps) {
-  FitGRPO::Options o;
-  o.trainer().total_steps(steps).seed(3);
-  o.data().train_batch_size(4);
-  o.rollout().n(8).max_batch_size(32);
-  o.rollout().sampling().max_new_tokens(6).ignore_eos(true).temperature(1.0);
-  o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(16);
-  o.optim().lr(1e-2).weight_decay(0.0).schedule(LRSchedule::constant);
-  o.sharding().param_dtype(at::kFloat);
-  o.loader().epochs(0).prefetch_factor(0);
-  return o;
-}
+inline FitGRPO::Options grpo_options(int64_t steps) { return online_fit_options<FitGRPO>(steps, 3); }
 }  // namespace hybridrl::testing
 
 using namespace hybridrl;

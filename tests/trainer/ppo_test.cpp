@@ -21,16 +21,8 @@ namespace hybridrl::testing {
 using FitPPO = Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 
 inline FitPPO::Options ppo_options(int64_t steps) {
-  FitPPO::Options o;
-  o.trainer().total_steps(steps).seed(11);
-  o.data().train_batch_size(4);
-  o.rollout().n(8).max_batch_size(32);
-  o.rollout().sampling().max_new_tokens(6).ignore_eos(true).temperature(1.0);
-  o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(16);
-  o.optim().lr(1e-2).weight_decay(0.0).schedule(LRSchedule::constant);
+  auto o = online_fit_options<FitPPO>(steps, 11);
   o.critic().optim().lr(5e-3).weight_decay(0.0);
-  o.sharding().param_dtype(at::kFloat);
-  o.loader().epochs(0).prefetch_factor(0);
   return o;
 }
 
