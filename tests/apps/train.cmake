@@ -9,6 +9,7 @@
 # reward_model: GRPO on the fixture prompts scored by the fixture reward model (reward.name=model;
 #   the policy samples ids the byte tokenizer cannot decode: they are left out of the text);
 #   a missing path and a policy checkpoint as the reward model are refused.
+# example: an example's config.yaml (CONFIG) through `hybridrl train --config`, two steps.
 # cuda: GRPO and PPO with model.device=cuda (registered on CUDA builds; skipped without a device).
 # dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
 #   the first step's loss is ln 2 (policy = reference); data.train_files as a bare list on the
@@ -139,6 +140,16 @@ elseif(MODE STREQUAL "reward_model")
   if(NOT rc EQUAL 1 OR NOT err MATCHES "not a reward model")
     message(FATAL_ERROR "a policy checkpoint as the reward model: exit ${rc}, ${err}")
   endif()
+elseif(MODE STREQUAL "example")
+  run_train(rc err --config ${CONFIG} trainer.total_steps=2 trainer.output_dir=${WORK}/run)
+  if(NOT rc EQUAL 0 OR NOT err MATCHES "done, 2 steps")
+    message(FATAL_ERROR "hybridrl train --config ${CONFIG} failed (${rc}): ${err}")
+  endif()
+  foreach(f metrics.jsonl metrics.svg model/config.json run_config.json)
+    if(NOT EXISTS ${WORK}/run/${f})
+      message(FATAL_ERROR "${CONFIG}: the run wrote no ${f}")
+    endif()
+  endforeach()
 elseif(MODE STREQUAL "cuda")
   execute_process(COMMAND ${EXE} info --json OUTPUT_VARIABLE info)
   string(JSON devices GET "${info}" cuda_device_count)
