@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hybridrl::testing {
@@ -60,6 +62,27 @@ inline double share_in_band(const RewardInput& x, int64_t lo) {
   for (auto id : x.response_ids) hits += (id >= lo && id < lo + 10) ? 1.0 : 0.0;
   return hits / static_cast<double>(x.response_ids.size());
 }
+
+/// A tokenizer of written-out ids: "250 82 23" → {250, 82, 23} (BOS 1 first when asked, EOS 2,
+/// PAD 0, 320 ids as the fixture models): data whose tokens a Python fixture fixed.
+struct IdTokenizer {
+  [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool add_bos = true) const {
+    std::vector<int64_t> ids;
+    if (add_bos) ids.push_back(bos_id());
+    std::istringstream in{std::string(text)};
+    for (int64_t id = 0; in >> id;) ids.push_back(id);
+    return ids;
+  }
+  [[nodiscard]] std::string decode(const std::vector<int64_t>& ids) const {
+    std::string out;
+    for (auto id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
+    return out;
+  }
+  [[nodiscard]] int64_t vocab_size() const { return 320; }
+  [[nodiscard]] int64_t bos_id() const { return 1; }
+  [[nodiscard]] int64_t eos_id() const { return 2; }
+  [[nodiscard]] int64_t pad_id() const { return 0; }
+};
 
 /// Options of an online trainer `T` (Rollout<Naive>) on the fixture: 4 prompts × 8 samples of 6
 /// tokens per step, one mini-batch, fp32, lr 1e-2, an endless loader; `seed` is trainer.seed.

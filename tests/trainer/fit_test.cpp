@@ -361,4 +361,30 @@ TEST_SUITE("trainer/fit") {
     CHECK(losses[0] == doctest::Approx(nll / static_cast<double>(count)).epsilon(1e-6));
     CHECK(losses[29] < 0.5 * losses[0]);
   }
+
+  TEST_CASE("SFT: the first step's loss equals transformers' causal-LM loss (labels -100 on the prompts) on the fixture") {
+    using FitSFT = Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Bucketed>>;
+    // tests/fixtures/models/llama/hf_sft_loss.json: make_model_fixtures.py --sft-loss (transformers 5.24)
+    std::ifstream in(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama/hf_sft_loss.json");
+    const auto fixture = nlohmann::json::parse(in);
+    std::stringstream lines;
+    for (const auto& s : fixture["samples"]) lines << s.dump() << "\n";
+    const IdTokenizer tok;
+    auto data = std::make_shared<const CompletionDataset>(CompletionDataset::from_stream(lines, "hf", tok));
+    REQUIRE(data->size() == 4);
+    FitSFT::Options o;
+    o.trainer().total_steps(1);
+    o.data().train_batch_size(4);
+    o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(2);  // two micro-batches of the one mini-batch
+    o.optim().lr(1e-3);
+    o.sharding().param_dtype(at::kFloat);
+    o.loader().epochs(0).prefetch_factor(0);
+    double loss = 0;
+    FitParts parts;
+    parts.progress = nullptr;
+    parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { loss = m.at("sft/loss"); };
+    FitSFT(o).fit(fit_fixture_model(), data, parts);
+    MESSAGE("SFT loss " << loss << ", transformers " << fixture["loss"].get<double>());
+    CHECK(loss == doctest::Approx(fixture["loss"].get<double>()).epsilon(1e-6));
+  }
 }
