@@ -10,6 +10,7 @@
 #   the policy samples ids the byte tokenizer cannot decode: they are left out of the text);
 #   a missing path and a policy checkpoint as the reward model are refused.
 # example: an example's config.yaml (CONFIG) through `hybridrl train --config`, two steps.
+# demo: scripts/demo.sh end to end (label slow); GRPO's last mean reward must be >= 0.9.
 # cuda: GRPO and PPO with model.device=cuda (registered on CUDA builds; skipped without a device).
 # dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
 #   the first step's loss is ln 2 (policy = reference); data.train_files as a bare list on the
@@ -150,6 +151,18 @@ elseif(MODE STREQUAL "example")
       message(FATAL_ERROR "${CONFIG}: the run wrote no ${f}")
     endif()
   endforeach()
+elseif(MODE STREQUAL "demo")
+  # FIXTURES is the source root here
+  execute_process(COMMAND env OUT=${WORK} BUILD_DIR=${BUILD_ROOT} bash ${FIXTURES}/scripts/demo.sh
+    WORKING_DIRECTORY ${FIXTURES} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "-> last [0-9]+ steps ([0-9.]+)")
+    message(FATAL_ERROR "scripts/demo.sh failed (${rc}): ${out}${err}")
+  endif()
+  set(last ${CMAKE_MATCH_1})
+  if(last LESS 0.9)
+    message(FATAL_ERROR "the demo's GRPO ended at a mean reward of ${last}, below 0.9: ${out}")
+  endif()
+  message(STATUS "demo: GRPO's last mean reward ${last}")
 elseif(MODE STREQUAL "cuda")
   execute_process(COMMAND ${EXE} info --json OUTPUT_VARIABLE info)
   string(JSON devices GET "${info}" cuda_device_count)
