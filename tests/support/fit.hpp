@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -53,6 +54,13 @@ inline std::string write_prompts(const std::string& dir, int n) {
     out << nlohmann::json{{"prompt", "count " + std::to_string(i)}, {"answer", std::to_string(i)}}.dump() << "\n";
   }
   return path;
+}
+
+/// `n` prompts of write_prompts under `dir`, read with the byte tokenizer (prompts of up to 32 tokens).
+inline std::shared_ptr<const PromptDataset> fixture_prompts(const std::string& dir, int n = 8) {
+  const ByteTokenizer tok;
+  return std::make_shared<const PromptDataset>(
+      PromptDataset::from_jsonl(write_prompts(dir, n), tok, DatasetOptions{}.max_prompt_length(32)));
 }
 
 /// The fraction of a response's tokens in [lo, lo + 10): about 3% for the fixture's random model.

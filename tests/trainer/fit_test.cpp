@@ -252,9 +252,7 @@ TEST_SUITE("trainer/fit") {
 
   TEST_CASE("GRPO with Rollout<Naive>: n samples per prompt, scored, the reward rises; a NaN reward skips the step") {
     FitTempDir tmp("grpo");
-    const ByteTokenizer tok;
-    auto prompts = std::make_shared<const PromptDataset>(
-        PromptDataset::from_jsonl(write_prompts(tmp.path, 8), tok, DatasetOptions{}.max_prompt_length(32)));
+    auto prompts = fixture_prompts(tmp.path);
     std::vector<std::map<std::string, double>> steps;
     FitParts parts;
     parts.progress = nullptr;

@@ -80,9 +80,7 @@ TEST_SUITE("trainer/ppo") {
 
   TEST_CASE("PPO with Rollout<Naive>: the reward rises; the run writes the critic; a critic warm-up holds the policy") {
     FitTempDir tmp("ppo");
-    const ByteTokenizer tok;
-    auto prompts = std::make_shared<const PromptDataset>(
-        PromptDataset::from_jsonl(write_prompts(tmp.path, 8), tok, DatasetOptions{}.max_prompt_length(32)));
+    auto prompts = fixture_prompts(tmp.path);
     std::vector<std::map<std::string, double>> steps;
     FitParts parts;
     parts.progress = nullptr;
@@ -148,9 +146,7 @@ TEST_SUITE("trainer/ppo") {
 
   TEST_CASE("PPO resume: critic, its optimizer and the adaptive KL coefficient continue bit for bit") {
     FitTempDir tmp("ppo_resume");
-    const ByteTokenizer tok;
-    auto prompts = std::make_shared<const PromptDataset>(
-        PromptDataset::from_jsonl(write_prompts(tmp.path, 8), tok, DatasetOptions{}.max_prompt_length(32)));
+    auto prompts = fixture_prompts(tmp.path);
     auto options = [&](const std::string& out) {
       auto o = ppo_options(4);
       o.trainer().output_dir(out).save_every(2);
