@@ -781,7 +781,7 @@ class Trainer {
       const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
       if constexpr (has_rollout) {  // the new weights to the rollout engine
         const auto s0 = clock::now();
-        if (train) sync_weights();
+        if (train && update_policy) sync_weights();  // a critic warm-up step left the policy as it was
         m["time/weight_sync"] = std::chrono::duration<double>(clock::now() - s0).count();
       }
       const double t_step = std::chrono::duration<double>(clock::now() - t0).count();
