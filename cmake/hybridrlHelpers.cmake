@@ -27,9 +27,13 @@ endfunction()
 
 #   hybridrl_add_presets()
 #     Defines hybridrl::presets (STATIC, once per build): the explicit instantiations of the preset
-#     trainers of <hybridrl/trainer/presets.hpp> (PPOTrainer, GRPOTrainer, DPOTrainer, KTOTrainer),
-#     compiled once in this build from the source shipped with hybridrl. Targets that link it see
-#     HYBRIDRL_EXTERN_PRESETS and do not instantiate those trainers again.
+#     trainers of <hybridrl/trainer/presets.hpp> (PPOTrainer, GRPOTrainer, NaivePPOTrainer,
+#     NaiveGRPOTrainer, DPOTrainer, KTOTrainer, SFTTrainer) and of their fit loops, compiled once in
+#     this build from the source shipped with hybridrl (three files that build side by side, ~50 s
+#     each). Targets that link it see HYBRIDRL_EXTERN_PRESETS and do not instantiate them again: a
+#     program that trains a preset compiles in seconds. Call it after hybridrl_add_cuda_kernels()
+#     where the build has CUDA: the presets then link hybridrl::cuda (their generation runs the
+#     kernels, and every user of a preset must see the same HYBRIDRL_HAS_CUDA_KERNELS).
 if(NOT HYBRIDRL_PRESETS_SOURCE_DIR)
   set(HYBRIDRL_PRESETS_SOURCE_DIR "${CMAKE_CURRENT_LIST_DIR}/../src/presets" CACHE INTERNAL "")
 endif()
@@ -41,6 +45,9 @@ function(hybridrl_add_presets)
   add_library(hybridrl_presets STATIC ${srcs})
   add_library(hybridrl::presets ALIAS hybridrl_presets)
   target_link_libraries(hybridrl_presets PUBLIC hybridrl::hybridrl)
+  if(TARGET hybridrl::cuda)
+    target_link_libraries(hybridrl_presets PUBLIC hybridrl::cuda)
+  endif()
   target_compile_definitions(hybridrl_presets PUBLIC HYBRIDRL_EXTERN_PRESETS=1)
   hybridrl_use_torch_pch(hybridrl_presets)
 endfunction()

@@ -34,20 +34,12 @@
 #include <hybridrl/rollout/naive.hpp>
 #include <hybridrl/rollout/paged.hpp>
 #include <hybridrl/rollout/sampling.hpp>
+#include <hybridrl/trainer/run.hpp>
 #if HYBRIDRL_WITH_SENTENCEPIECE
 #include <hybridrl/tokenizer/sentencepiece.hpp>
 #endif
 
 namespace hybridrl::app {
-
-/// Throws for a `device` option that names no device (the problem starts with the field name).
-inline void check_device_option(const std::string& device) {
-  try {
-    (void)at::Device(device);
-  } catch (const std::exception&) {
-    throw Error(fmt::format("device = \"{}\" is not a device", device), "use cpu, cuda or cuda:<index>");
-  }
-}
 
 /// model.*: the checkpoint and where it runs.
 struct GenerateModelOptions {

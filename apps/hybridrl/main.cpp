@@ -56,9 +56,9 @@ int main(int argc, char** argv) {
   {  // --help lists the keys of the trainer type the command line names (default: GRPO, Rollout<Paged>)
     const auto [algorithm, rollout] = hybridrl::app::train_type_of(argc, argv);
     try {
-      train->footer(hybridrl::app::train_keys_help(algorithm, rollout));
+      train->footer(hybridrl::app::trainers().help(algorithm, rollout));
     } catch (const hybridrl::Error&) {  // an unknown name: the run reports it; help shows the default's keys
-      train->footer(hybridrl::app::train_keys_help());
+      train->footer(hybridrl::app::trainers().help());
     }
   }
   train->callback([&] { exit_code = hybridrl::app::run_train(config_file, train_overrides, print_config); });

@@ -9,7 +9,9 @@
 # reward_model: GRPO on the fixture prompts scored by the fixture reward model (reward.name=model;
 #   the policy samples ids the byte tokenizer cannot decode: they are left out of the text);
 #   a missing path and a policy checkpoint as the reward model are refused.
-# example: an example's config.yaml (CONFIG) through `hybridrl train --config`, two steps.
+# example: an example's config.yaml (CONFIG) through `hybridrl train --config` (or an example
+#   program: EXE with SUBCOMMAND empty), STEPS steps (default 2); with RISE the mean reward of
+#   the last step must exceed the first's.
 # demo: scripts/demo.sh end to end (label slow); GRPO's last mean reward must be >= 0.9.
 # cuda: GRPO and PPO with model.device=cuda (registered on CUDA builds; skipped without a device).
 # dpo_yaml: DPO on the fixture pairs from a YAML file whose total_steps the command line overrides;
@@ -19,9 +21,12 @@
 #   refused with exit 1 before any model is loaded.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
+if(NOT DEFINED SUBCOMMAND)
+  set(SUBCOMMAND train)
+endif()
 
 function(run_train rc_var err_var)
-  execute_process(COMMAND ${EXE} train ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  execute_process(COMMAND ${EXE} ${SUBCOMMAND} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   set(${rc_var} ${rc} PARENT_SCOPE)
   set(${err_var} "${out}${err}" PARENT_SCOPE)
 endfunction()
@@ -142,15 +147,33 @@ elseif(MODE STREQUAL "reward_model")
     message(FATAL_ERROR "a policy checkpoint as the reward model: exit ${rc}, ${err}")
   endif()
 elseif(MODE STREQUAL "example")
-  run_train(rc err --config ${CONFIG} trainer.total_steps=2 trainer.output_dir=${WORK}/run)
-  if(NOT rc EQUAL 0 OR NOT err MATCHES "done, 2 steps")
-    message(FATAL_ERROR "hybridrl train --config ${CONFIG} failed (${rc}): ${err}")
+  if(NOT DEFINED STEPS)
+    set(STEPS 2)
+  endif()
+  run_train(rc err --config ${CONFIG} trainer.total_steps=${STEPS} trainer.output_dir=${WORK}/run)
+  if(NOT rc EQUAL 0 OR NOT err MATCHES "done, ${STEPS} steps")
+    message(FATAL_ERROR "${EXE} ${SUBCOMMAND} --config ${CONFIG} failed (${rc}): ${err}")
   endif()
   foreach(f metrics.jsonl metrics.svg model/config.json run_config.json)
     if(NOT EXISTS ${WORK}/run/${f})
       message(FATAL_ERROR "${CONFIG}: the run wrote no ${f}")
     endif()
   endforeach()
+  line_count(${WORK}/run/metrics.jsonl n)
+  if(NOT n EQUAL STEPS)
+    message(FATAL_ERROR "${CONFIG}: ${n} lines in metrics.jsonl for ${STEPS} steps")
+  endif()
+  if(RISE)
+    file(STRINGS ${WORK}/run/metrics.jsonl lines)
+    list(GET lines 0 first)
+    list(GET lines -1 last)
+    string(JSON r0 GET "${first}" reward_mean)
+    string(JSON r1 GET "${last}" reward_mean)
+    message(STATUS "${CONFIG}: reward_mean ${r0} at step 1 -> ${r1} at step ${STEPS}")
+    if(NOT r1 GREATER r0)
+      message(FATAL_ERROR "${CONFIG}: the mean reward did not rise (${r0} -> ${r1}): ${err}")
+    endif()
+  endif()
 elseif(MODE STREQUAL "demo")
   # FIXTURES is the source root here
   execute_process(COMMAND env OUT=${WORK} BUILD_DIR=${BUILD_ROOT} bash ${FIXTURES}/scripts/demo.sh
@@ -220,7 +243,7 @@ elseif(MODE STREQUAL "errors")
     message(FATAL_ERROR "a mistyped key: exit ${rc}, ${err}")
   endif()
   run_train(rc err algorithm.name=rloo task.name=reverse model.init=tiny)
-  if(NOT rc EQUAL 1 OR NOT err MATCHES "algorithm.name = \"rloo\" is not one of ppo, grpo, dpo, kto, sft")
+  if(NOT rc EQUAL 1 OR NOT err MATCHES "algorithm.name = \"rloo\" is not one of grpo, ppo, dpo, kto, sft")
     message(FATAL_ERROR "an unknown algorithm: exit ${rc}, ${err}")
   endif()
   run_train(rc err model.init=tiny)

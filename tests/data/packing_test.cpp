@@ -100,6 +100,20 @@ TEST_SUITE("data/packing") {
     CHECK(dvec(unpack(p, packed).slice(1, 2)) == std::vector<double>{.1, .2, 0, .4, 0, 0});
   }
 
+  TEST_CASE("pack: rows are trimmed to the fullest one's tokens, not padded to row_length") {
+    // Lengths 4, 1, 3 fit one row of 16: the row is 8 wide (4 + 1 + 3), no padding column.
+    const auto p = pack(offline_batch(), 16);
+    CHECK(p.rows.size() == 1);
+    CHECK(p.row_length == 8);
+    CHECK(p.rows.tensor(keys::input_ids).sizes().vec() == std::vector<int64_t>{1, 8});
+    CHECK(vec(p.rows.tensor(keys::input_ids)) == std::vector<int64_t>{11, 12, 13, 14, 21, 31, 32, 33});
+    CHECK(vec(p.rows.tensor(keys::cu_seqlens)) == std::vector<int64_t>{0, 4, 5, 8});
+    // two rows of 5 and 3 tokens: both 5 wide
+    const auto q = pack(offline_batch(), 5);
+    CHECK(q.row_length == 5);
+    CHECK(q.rows.tensor(keys::segment_ids).sizes().vec() == std::vector<int64_t>{2, 5});
+  }
+
   TEST_CASE("pack: roles of DPO pairs pack together; errors name the problem") {
     auto base = offline_batch();
     TensorBatch pairs;

@@ -55,8 +55,8 @@ inline std::string write_labelled(const std::string& dir, int n) {
 }
 
 
-
-using FitDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
+// The preset `hybridrl train` runs (Loader<Packed>; its fit loop comes from hybridrl::presets).
+using FitDPO = DPOTrainer;
 
 inline FitDPO::Options dpo_options(const std::string& out_dir) {
   FitDPO::Options o;
@@ -320,7 +320,7 @@ TEST_SUITE("trainer/fit") {
     CHECK(steps[2].count("grad_norm") == 1);
   }
   TEST_CASE("SFT: the first step's loss is the completion tokens' mean negative log-likelihood; training lowers it") {
-    using FitSFT = Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Bucketed>>;
+    using FitSFT = SFTTrainer;  // Loader<Packed>, as `hybridrl train` runs it
     FitTempDir tmp("sft");
     const ByteTokenizer tok;
     TaskOptions task;
@@ -361,7 +361,7 @@ TEST_SUITE("trainer/fit") {
   }
 
   TEST_CASE("SFT: the first step's loss equals transformers' causal-LM loss (labels -100 on the prompts) on the fixture") {
-    using FitSFT = Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Bucketed>>;
+    using FitSFT = SFTTrainer;  // Loader<Packed>, as `hybridrl train` runs it
     // tests/fixtures/models/llama/hf_sft_loss.json: make_model_fixtures.py --sft-loss (transformers 5.24)
     std::ifstream in(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama/hf_sft_loss.json");
     const auto fixture = nlohmann::json::parse(in);

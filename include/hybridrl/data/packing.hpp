@@ -48,7 +48,7 @@ struct PackedMicroBatch {
   std::vector<std::string> roles;  ///< role prefixes present, in keys::roles order
   std::vector<int64_t> widths;     ///< T of each role's per-sequence tensors
   int64_t units = 0;               ///< B, rows of the per-sequence batch
-  int64_t row_length = 0;          ///< L
+  int64_t row_length = 0;          ///< L: the fullest row's tokens (at most the row length packed to)
 
   /// Number of packed sequences S.
   [[nodiscard]] int64_t sequences() const { return sequence_row.defined() ? sequence_row.numel() : 0; }
@@ -185,6 +185,13 @@ inline at::Tensor index_tensor(const std::vector<int64_t>& v, const at::Device& 
   }
   const auto plan = pack_rows(length, row_length);
   const int64_t rows = plan.rows();
+  // The rows are as wide as the fullest one, not row_length: a batch that fills its rows only
+  // partly (short sequences, a small micro-batch) carries no padding columns — on the CPU's
+  // masked attention, whose cost grows with the square of the width, that is most of the time.
+  if (!plan.row_used.empty()) {
+    row_length = std::max<int64_t>(1, *std::max_element(plan.row_used.begin(), plan.row_used.end()));
+  }
+  p.row_length = row_length;
   int64_t max_segments = 0;
   for (int64_t r = 0; r < rows; ++r) max_segments = std::max<int64_t>(max_segments, static_cast<int64_t>(plan.row(r).size()));
   auto out_ids = at::zeros({rows, row_length}, at::kLong);

@@ -38,6 +38,7 @@
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/policy.hpp"
 #include "hybridrl/data/loader.hpp"
+#include "hybridrl/data/rollout_batch.hpp"
 #include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/model/causal_lm.hpp"
@@ -460,375 +461,10 @@ class Trainer {
   }
 
  private:
-  /// The fit loop of both forms (see fit()).
+  /// The fit loop of both forms (see fit()). Defined out of the class: not inline, so an
+  /// `extern template` declaration of it (trainer/presets.hpp) keeps it out of users' objects.
   template <class D>
-  FitResult fit_impl(CausalLM policy, std::shared_ptr<const D> data, BatchRewardFn reward, FitParts parts) {
-    static_assert(detail::makes_training_engine<sharding_type, sharding_options>,
-                  "hybridrl: fit() needs a Sharding policy whose make(model, options, optim, total_steps, "
-                  "world_size) builds a training engine (Sharding<FSDP>). Use Sharding<FSDP> for now.");
-    using clock = std::chrono::steady_clock;
-    const auto& o = options_;
-    const auto& t = o.trainer();
-    const auto& g = o.geometry();
-    HYBRIDRL_CHECK(data != nullptr, "fit: no dataset given", "pass the training dataset");
-    // the data, from the checkpoint's position when resuming
-    const auto resume = find_resume_checkpoint();
-    std::optional<CheckpointData> ckpt;
-    if (resume) ckpt = CheckpointManager::load(*resume);
-    std::optional<LoaderState> loader_state;
-    if (ckpt) {
-      HYBRIDRL_CHECK(ckpt->meta.contains("loader"), fmt::format("checkpoint '{}' has no loader position", *resume),
-                     "resume from a checkpoint written by fit()");
-      loader_state = ckpt->meta["loader"].template get<LoaderState>();
-    }
-    auto loader = loader_type::make(data, o.loader(), loader_state);
-    const int64_t epochs = o.loader().epochs();
-    int64_t total = t.total_steps();
-    int64_t available = 0;  // batches the loader's epochs hold (0: endless)
-    for (int64_t e = 0; e < epochs; ++e) available += loader.batches_in_epoch(e);
-    if (total == 0) {
-      HYBRIDRL_CHECK(epochs > 0, "trainer.total_steps = 0 with loader.epochs = 0 (endless) gives no end",
-                     "set trainer.total_steps, or a number of loader.epochs");
-      total = available;
-    }
-    HYBRIDRL_CHECK(epochs == 0 || total <= available,
-                   fmt::format("trainer.total_steps = {} but loader.epochs = {} hold {} batches of data.train_batch_size "
-                               "= {}", total, epochs, available, g.train_batch_size()),
-                   "set loader.epochs=0 (endless), more epochs, or trainer.total_steps=0 (as many steps as the epochs hold)");
-    const int64_t minis = std::max<int64_t>(1, g.train_batch_size() / g.ppo_mini_batch_size());
-    const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
-    // the reference before the policy changes (a resumed run gets the same one)
-    std::optional<CausalLM> reference = std::move(parts.reference);
-    if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = make_reference(policy);
-    if constexpr (requires { o.sharding().param_dtype(); }) {
-      // the reference computes at the policy's precision (mixed precision: under the same autocast),
-      // so both agree while the policy has not moved
-      if (reference && o.sharding().param_dtype() != (*reference)->parameters().front().scalar_type()) {
-        (*reference)->model->set_layer_runner(autocast_runner(o.sharding().param_dtype(), default_layer_runner()));
-      }
-    }
-    const auto device = policy->parameters().front().device();
-    auto engine = sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
-    // the critic (PPO): its own engine and optimizer; from the policy's trunk unless one is given
-    using CriticEngine = typename detail::critic_engine_of<sharding_type, has_critic>::type;
-    std::optional<CriticEngine> critic;
-    if constexpr (has_critic) {
-      static_assert(detail::makes_critic_engine<sharding_type, sharding_options>,
-                    "hybridrl: this Algorithm trains a critic (needs_critic = true), but its Sharding policy has no "
-                    "make_critic(ValueModel, options, optim, total_steps, world_size). Use Sharding<FSDP>, or give "
-                    "your Sharding policy a make_critic and a critic_engine_type.");
-      ValueModel value_model =
-          parts.critic ? *parts.critic : detail::seeded_value_model(policy, derive_seed(t.seed(), "critic"));
-      parts.critic.reset();
-      value_model->to(device);
-      critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps,
-                                                g.world_size()));
-    }
-    auto state = algorithm_type::make_state(o.algorithm());
-    int64_t step = 0;
-    if (ckpt) {
-      engine.load_state_dict(ckpt->tensors);
-      if constexpr (has_critic) critic->load_state_dict(detail::with_prefix_removed(ckpt->tensors, "critic."));
-      if constexpr (detail::saves_algorithm_state<algorithm_type>) {
-        if (ckpt->meta.contains("algorithm_state")) {
-          algorithm_type::load_state(state, ckpt->meta["algorithm_state"].template get<std::map<std::string, double>>());
-        }
-      }
-      step = ckpt->step;
-      restore_rng(ckpt->tensors);
-      ckpt.reset();  // the state is in the engines now: do not hold a second copy through the run
-    }
-    // online: the rollout engine holds its own copy of the weights, in the rollout's dtype
-    using RolloutEngine = typename detail::rollout_engine_of<rollout_type>::type;
-    std::optional<RolloutEngine> rollout;
-    auto sync_weights = [&] {
-      if constexpr (has_rollout) {
-        engine.export_weights(rollout->weight_spec(), [&](const WeightBucket& b) { rollout->load_weights(b); });
-      }
-    };
-    if constexpr (has_rollout) {
-      const auto dtype = parts.rollout_dtype.value_or(policy->parameters().front().scalar_type());
-      rollout.emplace(rollout_type::make(policy->config(), o.rollout(), device, dtype));
-      sync_weights();
-    }
-    FitResult result;
-    result.resumed_from = step;
-    std::optional<CheckpointManager> saver;
-    if (!t.output_dir().empty()) {
-      saver.emplace((std::filesystem::path(t.output_dir()) / "checkpoints").string(), t.keep_last());
-      io::write_file_atomic((std::filesystem::path(t.output_dir()) / "run_config.json").string(),
-                            parts.run_config.value_or(to_json(o)).dump(2) + "\n");
-    }
-    RunLog log(RunLog::Options{t.output_dir(), total, step, t.log_every(), t.plot_every(), t.tensorboard(),
-                               parts.progress});
-    if (parts.progress != nullptr) std::fprintf(parts.progress, "%s\n", describe().c_str());
-    auto save = [&] {
-      if (!saver) return;
-      nlohmann::json meta;
-      meta["loader"] = loader.state();
-      meta["config"] = to_json(o);
-      auto tensors = engine.state_dict();
-      if constexpr (has_critic) {
-        for (auto& [k, v] : critic->state_dict()) tensors["critic." + k] = std::move(v);
-      }
-      if constexpr (detail::saves_algorithm_state<algorithm_type>) meta["algorithm_state"] = algorithm_type::save_state(state);
-      save_rng(tensors);
-      result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
-    };
-    const auto reads = algorithm_type::loss_reads(o.algorithm());
-    const auto prepares = algorithm_type::prepare_reads(o.algorithm());
-    std::vector<Key> advantage_reads;
-    if constexpr (has_rollout) advantage_reads = algorithm_type::advantage_reads(o.algorithm());
-    const int64_t mini_rows = std::max<int64_t>(1, g.mini_batch_sequences_per_rank());
-    LogProbOptions lp;
-    const auto loss_keys = scored_keys(KeySource::policy, {reads});
-    const auto prepare_keys = scored_keys(KeySource::policy, {prepares});
-    auto engine_forward = [&engine](const TensorBatch& rows) { return engine.forward(rows); };
-    std::vector<Key> value_reads;
-    std::vector<ScoredKey> value_keys;
-    if constexpr (has_critic) {
-      value_reads = algorithm_type::value_loss_reads(o.algorithm());
-      value_keys = scored_keys(KeySource::critic, {value_reads});
-    }
-    const bool token_scores =
-        std::any_of(advantage_reads.begin(), advantage_reads.end(),
-                    [](const Key& k) { return k.name == keys::token_level_scores.name; });
-    bool released = false;  // the rollout's KV pool is freed between generations (free_cache_engine)
-    while (step < total) {
-      const auto t0 = clock::now();
-      auto got = loader.next();
-      if (!got) break;
-      const auto info = loader.info();
-      ++step;
-      std::map<std::string, double> m;  // the step's metrics
-      TensorBatch batch;
-      bool train = true;
-      int64_t step_tokens = info.real_tokens;
-      if constexpr (has_rollout) {
-        // generate: n samples per prompt, noise from (run seed, step, group, sample)
-        const auto g0 = clock::now();
-        auto prompts = repeat_for_rollout(*got, g.rollout_n());
-        auto sampling = o.rollout().sampling();
-        sampling.seed(request_seed(sampling.seed(), step));
-        if (released) rollout->resume_memory();
-        batch = rollout->generate(prompts, sampling).to(device);
-        const auto rs = rollout->stats();
-        if constexpr (requires { o.rollout().free_cache_engine(); }) {
-          if (o.rollout().free_cache_engine()) {
-            rollout->release_memory();  // the KV pool's memory goes to the scoring and update phases
-            released = true;
-          }
-        }
-        m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
-        step_tokens = rs.prompt_tokens + rs.generated_tokens;
-        // reward
-        const auto w0 = clock::now();
-        const auto scores = detail::score_rollout(batch, reward, parts.decode);
-        const auto finite = at::isfinite(scores);
-        const auto bad = (~finite).sum().template item<int64_t>();
-        const auto ok = scores.masked_select(finite).to(at::kDouble);
-        m["reward_mean"] = ok.numel() > 0 ? ok.mean().template item<double>() : NAN;
-        m["reward_std"] = ok.numel() > 1 ? ok.std(/*unbiased=*/false).template item<double>() : 0.0;
-        m["reward_nonfinite"] = static_cast<double>(bad);
-        if (bad > 0) {
-          train = false;  // reported, not trained on
-          if (parts.progress != nullptr) {
-            std::fprintf(parts.progress, "step %lld: %lld of %lld rewards are NaN or infinite; the step is not trained on\n",
-                         static_cast<long long>(step), static_cast<long long>(bad), static_cast<long long>(scores.numel()));
-          }
-        }
-        batch.set(keys::scores, scores);
-        if (token_scores) batch.set(keys::token_level_scores, scores_on_last_token(scores, batch.tensor(keys::response_mask)));
-        const auto lens = batch.tensor(keys::response_mask).to(at::kDouble).sum(1);
-        m["response_length_mean"] = lens.mean().template item<double>();
-        m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
-      } else {
-        batch = got->to(device);
-      }
-      // the reference's scores of the whole batch, once per step
-      double t_ref = 0;
-      if (reference && train) {
-        const auto r0 = clock::now();
-        const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
-        std::map<std::string, std::vector<at::Tensor>> got_keys;
-        for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
-          for (auto& [k, v] : score_micro(micro, ref_keys, detail::frozen_forward(*reference, lp))) {
-            got_keys[k].push_back(v);
-          }
-        }
-        for (auto& [k, v] : got_keys) batch.set(k, at::cat(v));
-        t_ref = std::chrono::duration<double>(clock::now() - r0).count();
-      }
-      if constexpr (has_rollout) {
-        if (train) {
-          // old log-probs: the policy before this step's updates, without grad
-          const auto l0 = clock::now();
-          {
-            c10::NoGradGuard ng;
-            std::vector<at::Tensor> lps, ents;
-            for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
-              auto scored = engine.forward(detail::part_of(micro, ""));
-              lps.push_back(scored.tensor(keys::log_probs).to(at::kFloat));
-              if (scored.has_tensor(keys::entropy.str())) ents.push_back(scored.tensor(keys::entropy).to(at::kFloat));
-            }
-            batch.set(keys::old_log_probs, at::cat(lps));
-            const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
-            const auto n = mask.sum().clamp_min(1.0);
-            if (!ents.empty()) m["entropy"] = (at::cat(ents) * mask).sum().div(n).template item<double>();
-            m["rollout/log_prob_diff"] =
-                ((batch.tensor(keys::rollout_log_probs).to(at::kFloat) - batch.tensor(keys::old_log_probs)).abs() * mask)
-                    .sum().div(n).template item<double>();
-            if (batch.has_tensor(keys::ref_log_probs.str())) {
-              m["kl"] = ((batch.tensor(keys::old_log_probs) - batch.tensor(keys::ref_log_probs)) * mask)
-                            .sum().div(n).template item<double>();
-            }
-          }
-          m["time/old_log_prob"] = std::chrono::duration<double>(clock::now() - l0).count();
-          if constexpr (has_critic) {  // the critic's values before this step's updates
-            const auto v0 = clock::now();
-            c10::NoGradGuard ng;
-            std::vector<at::Tensor> vs;
-            for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
-              vs.push_back(critic->forward(detail::part_of(micro, "")).tensor(keys::values).to(at::kFloat));
-            }
-            batch.set(keys::old_values, at::cat(vs));
-            m["time/values"] = std::chrono::duration<double>(clock::now() - v0).count();
-          }
-          // advantages
-          const auto a0 = clock::now();
-          if constexpr (requires { state.kl_ctrl.value(); }) m["kl_coef"] = state.kl_ctrl.value();
-          batch.require(advantage_reads, "the algorithm's compute_advantages");
-          algorithm_type::compute_advantages(batch, o.algorithm(), state);
-          m["time/advantage"] = std::chrono::duration<double>(clock::now() - a0).count();
-          if constexpr (has_critic) {
-            const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
-            const auto n = mask.sum().clamp_min(1.0);
-            const auto v = batch.tensor(keys::old_values).to(at::kFloat), ret = batch.tensor(keys::returns).to(at::kFloat);
-            auto masked_var = [&](const at::Tensor& x) {
-              const auto mean = (x * mask).sum() / n;
-              return ((x - mean).square() * mask).sum() / n;
-            };
-            m["critic/values_mean"] = ((v * mask).sum() / n).template item<double>();
-            m["critic/returns_mean"] = ((ret * mask).sum() / n).template item<double>();
-            // verl's vf_explained_var: 1 - Var(returns - values) / Var(returns)
-            m["critic/vf_explained_var"] =
-                (1.0 - masked_var(ret - v) / masked_var(ret).clamp_min(1e-8)).template item<double>();
-          }
-        }
-      }
-      // the update: ppo_epochs passes of mini-batches of micro-batches
-      const auto u0 = clock::now();
-      std::map<std::string, double> sums, critic_sums;  // each mini-batch's metrics, averaged over the updates
-      double loss_sum = 0, grad_sum = 0, lr = 0, critic_grad_sum = 0, critic_lr = 0;
-      int64_t updates = 0, skipped = 0, critic_updates = 0;
-      // the policy waits for the critic's warm-up steps (critic.warmup_steps)
-      const bool update_policy = !has_critic || step > o.critic().warmup_steps();
-      for (int64_t epoch = 0; epoch < g.ppo_epochs() && train; ++epoch) {
-        for (auto& mini : batch.split(mini_rows)) {
-          LossCounts counts;
-          counts.global_sequences = mini.size();
-          counts.global_tokens = mini.has_tensor("response_mask")
-                                     ? mini.tensor("response_mask").sum().template item<int64_t>()
-                                     : 0;
-          counts.data_parallel_size = g.data_parallel_size();
-          if constexpr (has_critic) {  // the critic's update on this mini-batch (clipped value loss)
-            MetricAggregator agg;
-            auto critic_forward = [&critic](const TensorBatch& rows) { return critic->forward(rows); };
-            for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
-              for (auto& [k, x] : score_micro(micro, value_keys, critic_forward)) micro.set(k, x);
-              micro.require(value_reads, "the algorithm's value_loss");
-              auto out = algorithm_type::value_loss(micro, o.algorithm(), state, counts);
-              critic->backward(out.loss);
-              agg.add(out);
-            }
-            critic_grad_sum += critic->step().template item<double>();
-            critic_lr = critic->last_step().lr;
-            for (const auto& [name, v] : agg.result()) critic_sums[name] += v;
-            ++critic_updates;
-          }
-          if (!update_policy) continue;
-          {  // keys the algorithm's prepare hook reads (KTO's z0): the policy without grad
-            c10::NoGradGuard ng;
-            std::map<std::string, std::vector<at::Tensor>> v;
-            for (const auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
-              for (auto& [k, x] : score_micro(micro, prepare_keys, engine_forward)) v[k].push_back(x);
-            }
-            for (auto& [k, x] : v) mini.set(k, at::cat(x).to(at::kFloat));
-          }
-          mini.require(prepares, "the algorithm's prepare_mini_batch");
-          algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, nullptr);
-          at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
-          MetricAggregator agg;
-          for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
-            for (auto& [k, x] : score_micro(micro, loss_keys, engine_forward)) micro.set(k, x);
-            micro.require(reads, "the algorithm's loss");
-            auto out = algorithm_type::loss(micro, o.algorithm(), state, counts);
-            engine.backward(out.loss);
-            mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
-            agg.add(out);
-          }
-          const auto norm = engine.step();
-          const auto& last = engine.last_step();
-          lr = last.lr;
-          skipped += last.skipped ? 1 : 0;
-          loss_sum += mini_loss.template item<double>();
-          for (const auto& [name, v] : agg.result()) sums[name] += v;
-          grad_sum += norm.template item<double>();
-          ++updates;
-        }
-      }
-      if (train) algorithm_type::after_step(batch, o.algorithm(), state, nullptr);
-      const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
-      if constexpr (has_rollout) {  // the new weights to the rollout engine
-        const auto s0 = clock::now();
-        if (train && update_policy) sync_weights();  // a critic warm-up step left the policy as it was
-        m["time/weight_sync"] = std::chrono::duration<double>(clock::now() - s0).count();
-      }
-      const double t_step = std::chrono::duration<double>(clock::now() - t0).count();
-      if (updates > 0) {
-        for (const auto& [name, v] : sums) m[name] = v / static_cast<double>(updates);
-        m["loss"] = loss_sum / static_cast<double>(updates);
-        m["grad_norm"] = grad_sum / static_cast<double>(updates);
-        m["lr"] = lr;
-      }
-      if (critic_updates > 0) {
-        for (const auto& [name, v] : critic_sums) m[name] = v / static_cast<double>(critic_updates);
-        m["critic/grad_norm"] = critic_grad_sum / static_cast<double>(critic_updates);
-        m["critic/lr"] = critic_lr;
-      }
-      if (m.count("actor/pg_clipfrac") != 0) m["clip_frac"] = m["actor/pg_clipfrac"];
-      m["skipped_updates"] = static_cast<double>(skipped);
-      m["skipped_step"] = train ? 0.0 : 1.0;
-      m["epoch"] = static_cast<double>(info.epoch);
-      m["time/ref"] = t_ref;
-      m["time/update"] = t_update;
-      m["time/step"] = t_step;
-      m["tokens_per_s"] = t_step > 0 ? static_cast<double>(step_tokens) / t_step : 0.0;
-      const auto mem = detail::memory_use(device);
-      m["memory/allocated_gb"] = mem.allocated_gb;
-      m["memory/reserved_gb"] = mem.reserved_gb;
-      m["memory/peak_gb"] = mem.peak_gb;
-      log.log(step, m);
-      result.last_metrics = std::move(m);
-      if (t.save_every() > 0 && step % t.save_every() == 0 && step < total) save();
-      if (parts.on_step) parts.on_step(step, result.last_metrics);
-    }
-    result.steps = step;
-    save();
-    log.write_plot();
-    if (!t.output_dir().empty() && t.save_model()) {
-      const auto dir = (std::filesystem::path(t.output_dir()) / "model").string();
-      save_pretrained(policy, dir);
-      for (const auto& f : parts.tokenizer_files) {
-        std::filesystem::copy_file(f, std::filesystem::path(dir) / std::filesystem::path(f).filename(),
-                                   std::filesystem::copy_options::overwrite_existing);
-      }
-      if constexpr (has_critic) {  // the critic too, as <Arch>ForTokenClassification
-        save_pretrained(critic->model(), (std::filesystem::path(t.output_dir()) / "critic").string());
-      }
-    }
-    return result;
-  }
+  FitResult fit_impl(CausalLM policy, std::shared_ptr<const D> data, BatchRewardFn reward, FitParts parts);
 
   /// The keys of `lists` that `source` produces, each once.
   static std::vector<ScoredKey> scored_keys(KeySource source, std::initializer_list<std::vector<Key>> lists) {
@@ -873,5 +509,376 @@ class Trainer {
 
   Options options_;
 };
+
+template <class... Policies>
+template <class D>
+FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const D> data, BatchRewardFn reward,
+                                        FitParts parts) {
+  static_assert(detail::makes_training_engine<sharding_type, sharding_options>,
+                "hybridrl: fit() needs a Sharding policy whose make(model, options, optim, total_steps, "
+                "world_size) builds a training engine (Sharding<FSDP>). Use Sharding<FSDP> for now.");
+  using clock = std::chrono::steady_clock;
+  const auto& o = options_;
+  const auto& t = o.trainer();
+  const auto& g = o.geometry();
+  HYBRIDRL_CHECK(data != nullptr, "fit: no dataset given", "pass the training dataset");
+  // the data, from the checkpoint's position when resuming
+  const auto resume = find_resume_checkpoint();
+  std::optional<CheckpointData> ckpt;
+  if (resume) ckpt = CheckpointManager::load(*resume);
+  std::optional<LoaderState> loader_state;
+  if (ckpt) {
+    HYBRIDRL_CHECK(ckpt->meta.contains("loader"), fmt::format("checkpoint '{}' has no loader position", *resume),
+                   "resume from a checkpoint written by fit()");
+    loader_state = ckpt->meta["loader"].template get<LoaderState>();
+  }
+  auto loader = loader_type::make(data, o.loader(), loader_state);
+  const int64_t epochs = o.loader().epochs();
+  int64_t total = t.total_steps();
+  int64_t available = 0;  // batches the loader's epochs hold (0: endless)
+  for (int64_t e = 0; e < epochs; ++e) available += loader.batches_in_epoch(e);
+  if (total == 0) {
+    HYBRIDRL_CHECK(epochs > 0, "trainer.total_steps = 0 with loader.epochs = 0 (endless) gives no end",
+                   "set trainer.total_steps, or a number of loader.epochs");
+    total = available;
+  }
+  HYBRIDRL_CHECK(epochs == 0 || total <= available,
+                 fmt::format("trainer.total_steps = {} but loader.epochs = {} hold {} batches of data.train_batch_size "
+                             "= {}", total, epochs, available, g.train_batch_size()),
+                 "set loader.epochs=0 (endless), more epochs, or trainer.total_steps=0 (as many steps as the epochs hold)");
+  const int64_t minis = std::max<int64_t>(1, g.train_batch_size() / g.ppo_mini_batch_size());
+  const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
+  // the reference before the policy changes (a resumed run gets the same one)
+  std::optional<CausalLM> reference = std::move(parts.reference);
+  if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = make_reference(policy);
+  if constexpr (requires { o.sharding().param_dtype(); }) {
+    // the reference computes at the policy's precision (mixed precision: under the same autocast),
+    // so both agree while the policy has not moved
+    if (reference && o.sharding().param_dtype() != (*reference)->parameters().front().scalar_type()) {
+      (*reference)->model->set_layer_runner(autocast_runner(o.sharding().param_dtype(), default_layer_runner()));
+    }
+  }
+  const auto device = policy->parameters().front().device();
+  auto engine = sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
+  // the critic (PPO): its own engine and optimizer; from the policy's trunk unless one is given
+  using CriticEngine = typename detail::critic_engine_of<sharding_type, has_critic>::type;
+  std::optional<CriticEngine> critic;
+  if constexpr (has_critic) {
+    static_assert(detail::makes_critic_engine<sharding_type, sharding_options>,
+                  "hybridrl: this Algorithm trains a critic (needs_critic = true), but its Sharding policy has no "
+                  "make_critic(ValueModel, options, optim, total_steps, world_size). Use Sharding<FSDP>, or give "
+                  "your Sharding policy a make_critic and a critic_engine_type.");
+    ValueModel value_model =
+        parts.critic ? *parts.critic : detail::seeded_value_model(policy, derive_seed(t.seed(), "critic"));
+    parts.critic.reset();
+    value_model->to(device);
+    critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps,
+                                              g.world_size()));
+  }
+  auto state = algorithm_type::make_state(o.algorithm());
+  int64_t step = 0;
+  if (ckpt) {
+    engine.load_state_dict(ckpt->tensors);
+    if constexpr (has_critic) critic->load_state_dict(detail::with_prefix_removed(ckpt->tensors, "critic."));
+    if constexpr (detail::saves_algorithm_state<algorithm_type>) {
+      if (ckpt->meta.contains("algorithm_state")) {
+        algorithm_type::load_state(state, ckpt->meta["algorithm_state"].template get<std::map<std::string, double>>());
+      }
+    }
+    step = ckpt->step;
+    restore_rng(ckpt->tensors);
+    ckpt.reset();  // the state is in the engines now: do not hold a second copy through the run
+  }
+  // online: the rollout engine holds its own copy of the weights, in the rollout's dtype
+  using RolloutEngine = typename detail::rollout_engine_of<rollout_type>::type;
+  std::optional<RolloutEngine> rollout;
+  auto sync_weights = [&] {
+    if constexpr (has_rollout) {
+      engine.export_weights(rollout->weight_spec(), [&](const WeightBucket& b) { rollout->load_weights(b); });
+    }
+  };
+  if constexpr (has_rollout) {
+    const auto dtype = parts.rollout_dtype.value_or(policy->parameters().front().scalar_type());
+    rollout.emplace(rollout_type::make(policy->config(), o.rollout(), device, dtype));
+    sync_weights();
+  }
+  FitResult result;
+  result.resumed_from = step;
+  std::optional<CheckpointManager> saver;
+  if (!t.output_dir().empty()) {
+    saver.emplace((std::filesystem::path(t.output_dir()) / "checkpoints").string(), t.keep_last());
+    io::write_file_atomic((std::filesystem::path(t.output_dir()) / "run_config.json").string(),
+                          parts.run_config.value_or(to_json(o)).dump(2) + "\n");
+  }
+  RunLog log(RunLog::Options{t.output_dir(), total, step, t.log_every(), t.plot_every(), t.tensorboard(),
+                             parts.progress});
+  if (parts.progress != nullptr) std::fprintf(parts.progress, "%s\n", describe().c_str());
+  auto save = [&] {
+    if (!saver) return;
+    nlohmann::json meta;
+    meta["loader"] = loader.state();
+    meta["config"] = to_json(o);
+    auto tensors = engine.state_dict();
+    if constexpr (has_critic) {
+      for (auto& [k, v] : critic->state_dict()) tensors["critic." + k] = std::move(v);
+    }
+    if constexpr (detail::saves_algorithm_state<algorithm_type>) meta["algorithm_state"] = algorithm_type::save_state(state);
+    save_rng(tensors);
+    result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
+  };
+  const auto reads = algorithm_type::loss_reads(o.algorithm());
+  const auto prepares = algorithm_type::prepare_reads(o.algorithm());
+  std::vector<Key> advantage_reads;
+  if constexpr (has_rollout) advantage_reads = algorithm_type::advantage_reads(o.algorithm());
+  const int64_t mini_rows = std::max<int64_t>(1, g.mini_batch_sequences_per_rank());
+  LogProbOptions lp;
+  const auto loss_keys = scored_keys(KeySource::policy, {reads});
+  const auto prepare_keys = scored_keys(KeySource::policy, {prepares});
+  auto engine_forward = [&engine](const TensorBatch& rows) { return engine.forward(rows); };
+  std::vector<Key> value_reads;
+  std::vector<ScoredKey> value_keys;
+  if constexpr (has_critic) {
+    value_reads = algorithm_type::value_loss_reads(o.algorithm());
+    value_keys = scored_keys(KeySource::critic, {value_reads});
+  }
+  const bool token_scores =
+      std::any_of(advantage_reads.begin(), advantage_reads.end(),
+                  [](const Key& k) { return k.name == keys::token_level_scores.name; });
+  bool released = false;  // the rollout's KV pool is freed between generations (free_cache_engine)
+  while (step < total) {
+    const auto t0 = clock::now();
+    auto got = loader.next();
+    if (!got) break;
+    const auto info = loader.info();
+    ++step;
+    std::map<std::string, double> m;  // the step's metrics
+    TensorBatch batch;
+    bool train = true;
+    int64_t step_tokens = info.real_tokens;
+    if constexpr (has_rollout) {
+      // generate: n samples per prompt, noise from (run seed, step, group, sample)
+      const auto g0 = clock::now();
+      auto prompts = repeat_for_rollout(*got, g.rollout_n());
+      auto sampling = o.rollout().sampling();
+      sampling.seed(request_seed(sampling.seed(), step));
+      if (released) rollout->resume_memory();
+      batch = rollout->generate(prompts, sampling).to(device);
+      const auto rs = rollout->stats();
+      if constexpr (requires { o.rollout().free_cache_engine(); }) {
+        if (o.rollout().free_cache_engine()) {
+          rollout->release_memory();  // the KV pool's memory goes to the scoring and update phases
+          released = true;
+        }
+      }
+      m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
+      step_tokens = rs.prompt_tokens + rs.generated_tokens;
+      // reward
+      const auto w0 = clock::now();
+      const auto scores = detail::score_rollout(batch, reward, parts.decode);
+      const auto finite = at::isfinite(scores);
+      const auto bad = (~finite).sum().template item<int64_t>();
+      const auto ok = scores.masked_select(finite).to(at::kDouble);
+      m["reward_mean"] = ok.numel() > 0 ? ok.mean().template item<double>() : NAN;
+      m["reward_std"] = ok.numel() > 1 ? ok.std(/*unbiased=*/false).template item<double>() : 0.0;
+      m["reward_nonfinite"] = static_cast<double>(bad);
+      if (bad > 0) {
+        train = false;  // reported, not trained on
+        if (parts.progress != nullptr) {
+          std::fprintf(parts.progress, "step %lld: %lld of %lld rewards are NaN or infinite; the step is not trained on\n",
+                       static_cast<long long>(step), static_cast<long long>(bad), static_cast<long long>(scores.numel()));
+        }
+      }
+      batch.set(keys::scores, scores);
+      if (token_scores) batch.set(keys::token_level_scores, scores_on_last_token(scores, batch.tensor(keys::response_mask)));
+      const auto lens = batch.tensor(keys::response_mask).to(at::kDouble).sum(1);
+      m["response_length_mean"] = lens.mean().template item<double>();
+      m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
+    } else {
+      batch = got->to(device);
+    }
+    // the reference's scores of the whole batch, once per step
+    double t_ref = 0;
+    if (reference && train) {
+      const auto r0 = clock::now();
+      const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
+      std::map<std::string, std::vector<at::Tensor>> got_keys;
+      for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
+        for (auto& [k, v] : score_micro(micro, ref_keys, detail::frozen_forward(*reference, lp))) {
+          got_keys[k].push_back(v);
+        }
+      }
+      for (auto& [k, v] : got_keys) batch.set(k, at::cat(v));
+      t_ref = std::chrono::duration<double>(clock::now() - r0).count();
+    }
+    if constexpr (has_rollout) {
+      if (train) {
+        // old log-probs: the policy before this step's updates, without grad
+        const auto l0 = clock::now();
+        {
+          c10::NoGradGuard ng;
+          std::vector<at::Tensor> lps, ents;
+          for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
+            auto scored = engine.forward(detail::part_of(micro, ""));
+            lps.push_back(scored.tensor(keys::log_probs).to(at::kFloat));
+            if (scored.has_tensor(keys::entropy.str())) ents.push_back(scored.tensor(keys::entropy).to(at::kFloat));
+          }
+          batch.set(keys::old_log_probs, at::cat(lps));
+          const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
+          const auto n = mask.sum().clamp_min(1.0);
+          if (!ents.empty()) m["entropy"] = (at::cat(ents) * mask).sum().div(n).template item<double>();
+          m["rollout/log_prob_diff"] =
+              ((batch.tensor(keys::rollout_log_probs).to(at::kFloat) - batch.tensor(keys::old_log_probs)).abs() * mask)
+                  .sum().div(n).template item<double>();
+          if (batch.has_tensor(keys::ref_log_probs.str())) {
+            m["kl"] = ((batch.tensor(keys::old_log_probs) - batch.tensor(keys::ref_log_probs)) * mask)
+                          .sum().div(n).template item<double>();
+          }
+        }
+        m["time/old_log_prob"] = std::chrono::duration<double>(clock::now() - l0).count();
+        if constexpr (has_critic) {  // the critic's values before this step's updates
+          const auto v0 = clock::now();
+          c10::NoGradGuard ng;
+          std::vector<at::Tensor> vs;
+          for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
+            vs.push_back(critic->forward(detail::part_of(micro, "")).tensor(keys::values).to(at::kFloat));
+          }
+          batch.set(keys::old_values, at::cat(vs));
+          m["time/values"] = std::chrono::duration<double>(clock::now() - v0).count();
+        }
+        // advantages
+        const auto a0 = clock::now();
+        if constexpr (requires { state.kl_ctrl.value(); }) m["kl_coef"] = state.kl_ctrl.value();
+        batch.require(advantage_reads, "the algorithm's compute_advantages");
+        algorithm_type::compute_advantages(batch, o.algorithm(), state);
+        m["time/advantage"] = std::chrono::duration<double>(clock::now() - a0).count();
+        if constexpr (has_critic) {
+          const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
+          const auto n = mask.sum().clamp_min(1.0);
+          const auto v = batch.tensor(keys::old_values).to(at::kFloat), ret = batch.tensor(keys::returns).to(at::kFloat);
+          auto masked_var = [&](const at::Tensor& x) {
+            const auto mean = (x * mask).sum() / n;
+            return ((x - mean).square() * mask).sum() / n;
+          };
+          m["critic/values_mean"] = ((v * mask).sum() / n).template item<double>();
+          m["critic/returns_mean"] = ((ret * mask).sum() / n).template item<double>();
+          // verl's vf_explained_var: 1 - Var(returns - values) / Var(returns)
+          m["critic/vf_explained_var"] =
+              (1.0 - masked_var(ret - v) / masked_var(ret).clamp_min(1e-8)).template item<double>();
+        }
+      }
+    }
+    // the update: ppo_epochs passes of mini-batches of micro-batches
+    const auto u0 = clock::now();
+    std::map<std::string, double> sums, critic_sums;  // each mini-batch's metrics, averaged over the updates
+    double loss_sum = 0, grad_sum = 0, lr = 0, critic_grad_sum = 0, critic_lr = 0;
+    int64_t updates = 0, skipped = 0, critic_updates = 0;
+    // the policy waits for the critic's warm-up steps (critic.warmup_steps)
+    const bool update_policy = !has_critic || step > o.critic().warmup_steps();
+    for (int64_t epoch = 0; epoch < g.ppo_epochs() && train; ++epoch) {
+      for (auto& mini : batch.split(mini_rows)) {
+        LossCounts counts;
+        counts.global_sequences = mini.size();
+        counts.global_tokens = mini.has_tensor("response_mask")
+                                   ? mini.tensor("response_mask").sum().template item<int64_t>()
+                                   : 0;
+        counts.data_parallel_size = g.data_parallel_size();
+        if constexpr (has_critic) {  // the critic's update on this mini-batch (clipped value loss)
+          MetricAggregator agg;
+          auto critic_forward = [&critic](const TensorBatch& rows) { return critic->forward(rows); };
+          for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
+            for (auto& [k, x] : score_micro(micro, value_keys, critic_forward)) micro.set(k, x);
+            micro.require(value_reads, "the algorithm's value_loss");
+            auto out = algorithm_type::value_loss(micro, o.algorithm(), state, counts);
+            critic->backward(out.loss);
+            agg.add(out);
+          }
+          critic_grad_sum += critic->step().template item<double>();
+          critic_lr = critic->last_step().lr;
+          for (const auto& [name, v] : agg.result()) critic_sums[name] += v;
+          ++critic_updates;
+        }
+        if (!update_policy) continue;
+        {  // keys the algorithm's prepare hook reads (KTO's z0): the policy without grad
+          c10::NoGradGuard ng;
+          std::map<std::string, std::vector<at::Tensor>> v;
+          for (const auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
+            for (auto& [k, x] : score_micro(micro, prepare_keys, engine_forward)) v[k].push_back(x);
+          }
+          for (auto& [k, x] : v) mini.set(k, at::cat(x).to(at::kFloat));
+        }
+        mini.require(prepares, "the algorithm's prepare_mini_batch");
+        algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, nullptr);
+        at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+        MetricAggregator agg;
+        for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
+          for (auto& [k, x] : score_micro(micro, loss_keys, engine_forward)) micro.set(k, x);
+          micro.require(reads, "the algorithm's loss");
+          auto out = algorithm_type::loss(micro, o.algorithm(), state, counts);
+          engine.backward(out.loss);
+          mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
+          agg.add(out);
+        }
+        const auto norm = engine.step();
+        const auto& last = engine.last_step();
+        lr = last.lr;
+        skipped += last.skipped ? 1 : 0;
+        loss_sum += mini_loss.template item<double>();
+        for (const auto& [name, v] : agg.result()) sums[name] += v;
+        grad_sum += norm.template item<double>();
+        ++updates;
+      }
+    }
+    if (train) algorithm_type::after_step(batch, o.algorithm(), state, nullptr);
+    const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
+    if constexpr (has_rollout) {  // the new weights to the rollout engine
+      const auto s0 = clock::now();
+      if (train && update_policy) sync_weights();  // a critic warm-up step left the policy as it was
+      m["time/weight_sync"] = std::chrono::duration<double>(clock::now() - s0).count();
+    }
+    const double t_step = std::chrono::duration<double>(clock::now() - t0).count();
+    if (updates > 0) {
+      for (const auto& [name, v] : sums) m[name] = v / static_cast<double>(updates);
+      m["loss"] = loss_sum / static_cast<double>(updates);
+      m["grad_norm"] = grad_sum / static_cast<double>(updates);
+      m["lr"] = lr;
+    }
+    if (critic_updates > 0) {
+      for (const auto& [name, v] : critic_sums) m[name] = v / static_cast<double>(critic_updates);
+      m["critic/grad_norm"] = critic_grad_sum / static_cast<double>(critic_updates);
+      m["critic/lr"] = critic_lr;
+    }
+    if (m.count("actor/pg_clipfrac") != 0) m["clip_frac"] = m["actor/pg_clipfrac"];
+    m["skipped_updates"] = static_cast<double>(skipped);
+    m["skipped_step"] = train ? 0.0 : 1.0;
+    m["epoch"] = static_cast<double>(info.epoch);
+    m["time/ref"] = t_ref;
+    m["time/update"] = t_update;
+    m["time/step"] = t_step;
+    m["tokens_per_s"] = t_step > 0 ? static_cast<double>(step_tokens) / t_step : 0.0;
+    const auto mem = detail::memory_use(device);
+    m["memory/allocated_gb"] = mem.allocated_gb;
+    m["memory/reserved_gb"] = mem.reserved_gb;
+    m["memory/peak_gb"] = mem.peak_gb;
+    log.log(step, m);
+    result.last_metrics = std::move(m);
+    if (t.save_every() > 0 && step % t.save_every() == 0 && step < total) save();
+    if (parts.on_step) parts.on_step(step, result.last_metrics);
+  }
+  result.steps = step;
+  save();
+  log.write_plot();
+  if (!t.output_dir().empty() && t.save_model()) {
+    const auto dir = (std::filesystem::path(t.output_dir()) / "model").string();
+    save_pretrained(policy, dir);
+    for (const auto& f : parts.tokenizer_files) {
+      std::filesystem::copy_file(f, std::filesystem::path(dir) / std::filesystem::path(f).filename(),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    if constexpr (has_critic) {  // the critic too, as <Arch>ForTokenClassification
+      save_pretrained(critic->model(), (std::filesystem::path(t.output_dir()) / "critic").string());
+    }
+  }
+  return result;
+}
 
 }  // namespace hybridrl

@@ -1,0 +1,641 @@
+#pragma once
+/// \file
+/// The job `hybridrl train` runs, as a library: a program's whole configuration (a trainer type's
+/// Options plus the model.*, task.* and reward.* tables), read from a YAML or JSON file, the
+/// HYBRIDRL_* environment and key=value arguments (defaults < file < environment < command line);
+/// the policy and its tokenizer from a Hugging Face checkpoint or `model.init=tiny`; the data of a
+/// built-in task or of JSONL files; the reward by name; and a registry of trainer types by
+/// `algorithm.name` and `rollout.name`, so that a program with its own algorithm runs the same
+/// configuration files as `hybridrl train` (examples/custom_algorithm).
+///
+///     int main(int argc, char** argv) {
+///       auto trainers = hybridrl::builtin_trainers();            // ppo, grpo, dpo, kto, sft
+///       trainers.add<RLOOTrainer>("rloo", "paged");              // and yours
+///       return hybridrl::train_main(argc, argv, trainers);       // [--config F] [key=value ...]
+///     }
+///
+/// Or step by step, as examples/grpo does: `configure_run<T>` → `load_run_model` →
+/// `read_run_data` → `make_run_reward` → `T(cfg.run()).fit(...)`.
+///
+/// Not part of <hybridrl/hybridrl.hpp> (it reads YAML and sentencepiece where the build has them).
+/// builtin_trainers() names every preset of trainer/presets.hpp: link `hybridrl::presets`, or the
+/// translation unit that calls it compiles all their fit loops.
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "hybridrl/core/config.hpp"
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/core/options.hpp"
+#include "hybridrl/model/config.hpp"
+#include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/tokenizer/tokenizer.hpp"
+#include "hybridrl/trainer/presets.hpp"
+#include "hybridrl/trainer/rewards.hpp"
+#include "hybridrl/trainer/scoring.hpp"
+#include "hybridrl/trainer/tasks.hpp"
+#include "hybridrl/trainer/trainer.hpp"
+#if HYBRIDRL_WITH_YAML
+#include "hybridrl/core/options_yaml.hpp"
+#endif
+#if HYBRIDRL_WITH_SENTENCEPIECE
+#include "hybridrl/tokenizer/sentencepiece.hpp"
+#endif
+
+namespace hybridrl {
+
+/// Throws for a `device` option that names no device (the problem starts with the field name).
+inline void check_device_option(const std::string& device) {
+  try {
+    (void)at::Device(device);
+  } catch (const std::exception&) {
+    throw Error(fmt::format("device = \"{}\" is not a device", device), "use cpu, cuda or cuda:<index>");
+  }
+}
+
+/// model.*: where the policy comes from and where it trains.
+struct RunModelOptions {
+  /// A Hugging Face checkpoint directory (config.json + safetensors; tokenizer.model when present).
+  HYBRIDRL_ARG(std::string, path) = "";
+  /// Instead of a checkpoint: `tiny`, a randomly initialised 2-layer Llama with the byte tokenizer
+  /// (for built-in tasks and smoke runs).
+  HYBRIDRL_ARG(std::string, init) = "";
+  /// Master dtype of the trained weights.
+  HYBRIDRL_ARG(at::ScalarType, dtype) = at::kFloat;
+  /// cpu, cuda, cuda:1, ...
+  HYBRIDRL_ARG(std::string, device) = "cpu";
+  /// PPO's critic: a `...ForTokenClassification` checkpoint, or a policy checkpoint whose trunk
+  /// starts the critic (score head fresh); empty: the policy's own trunk, a fresh score head.
+  HYBRIDRL_ARG(std::string, critic_path) = "";
+  HYBRIDRL_FIELDS(path, init, dtype, device, critic_path)
+
+  void validate() const {
+    HYBRIDRL_CHECK(path_.empty() != init_.empty(),
+                   path_.empty() ? std::string("neither path nor init is set") : std::string("both path and init are set"),
+                   "pass model.path=DIR (a Hugging Face checkpoint) or model.init=tiny, one of them");
+    HYBRIDRL_CHECK(init_.empty() || init_ == "tiny", fmt::format("init = \"{}\" is not a built-in model", init_),
+                   "use model.init=tiny");
+    check_device_option(device_);
+  }
+};
+
+/// reward.*: what scores an online run's responses.
+struct RunRewardOptions {
+  /// task (the built-in task's), exact_match, gsm8k, gsm8k_flexible, boxed_math, or model (a
+  /// reward model: reward.model_path); empty: task when task.name is set, else exact_match.
+  HYBRIDRL_ARG(std::string, name) = "";
+  /// reward.name=model: a `...ForSequenceClassification` checkpoint with one label, sharing the
+  /// policy's tokenizer (prompt and response tokens are scored as the policy drew them).
+  HYBRIDRL_ARG(std::string, model_path) = "";
+  /// reward.name=model: rows per reward-model forward.
+  HYBRIDRL_ARG(int64_t, micro_batch_size) = 16;
+  HYBRIDRL_FIELDS(name, model_path, micro_batch_size)
+  void validate() const {
+    HYBRIDRL_CHECK(name_ != "model" || !model_path_.empty(), "name = model but model_path is empty",
+                   "pass reward.model_path=DIR (a ...ForSequenceClassification checkpoint)");
+    HYBRIDRL_CHECK(name_ == "model" || model_path_.empty(),
+                   fmt::format("model_path is set but name = \"{}\"", name_), "set reward.name=model to score with it");
+    HYBRIDRL_CHECK(micro_batch_size_ >= 1, fmt::format("micro_batch_size = {} is below 1", micro_batch_size_),
+                   "score at least one row per forward, e.g. 16");
+  }
+};
+
+/// The whole configuration of a run of trainer type T: model.*, task.*, reward.* (online types),
+/// then T's Options at the top level (algorithm.*, data.*, trainer.*, ...).
+template <class T>
+struct RunConfig {
+  HYBRIDRL_ARG(RunModelOptions, model) = {};
+  HYBRIDRL_ARG(TaskOptions, task) = {};
+  HYBRIDRL_ARG(RunRewardOptions, reward) = {};
+  HYBRIDRL_ARG(typename T::Options, run) = {};
+
+  template <class Self, class F>
+  static void visit_fields(Self& self, F&& f) {
+    f("model", self.model_);
+    f("task", self.task_);
+    if constexpr (T::has_rollout) f("reward", self.reward_);
+    T::Options::visit_fields(self.run_, f);
+  }
+  void validate() const {
+    detail::validate_member(model_, "model");
+    detail::validate_member(task_, "task");
+    if constexpr (T::has_rollout) detail::validate_member(reward_, "reward");
+    run_.validate();
+    HYBRIDRL_CHECK(!task_.name().empty() || !run_.data().train_files().empty(),
+                   "neither task.name nor data.train_files is set",
+                   "pass task.name=reverse (a built-in task) or data.train_files=[file.jsonl]");
+  }
+};
+
+/// A tokenizer chosen at run time: sentencepiece when the checkpoint has tokenizer.model, else the
+/// byte tokenizer (the fixtures and model.init=tiny).
+struct AnyTokenizer {
+  std::function<std::vector<int64_t>(std::string_view, bool)> encode_fn;
+  std::function<std::string(const std::vector<int64_t>&)> decode_fn;
+  int64_t vocab = 0, bos = -1, eos = -1, pad = -1;
+
+  [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool add_bos = true) const { return encode_fn(text, add_bos); }
+  [[nodiscard]] std::string decode(const std::vector<int64_t>& ids) const { return decode_fn(ids); }
+  [[nodiscard]] int64_t vocab_size() const noexcept { return vocab; }
+  [[nodiscard]] int64_t bos_id() const noexcept { return bos; }
+  [[nodiscard]] int64_t eos_id() const noexcept { return eos; }
+  [[nodiscard]] int64_t pad_id() const noexcept { return pad; }
+
+  template <class Tok>
+  static AnyTokenizer of(std::shared_ptr<Tok> t) {
+    AnyTokenizer a;
+    a.encode_fn = [t](std::string_view s, bool b) { return t->encode(s, b); };
+    a.decode_fn = [t](const std::vector<int64_t>& ids) { return t->decode(ids); };
+    a.vocab = t->vocab_size();
+    a.bos = t->bos_id();
+    a.eos = t->eos_id();
+    a.pad = t->pad_id();
+    return a;
+  }
+};
+
+/// The small random model of model.init=tiny: 2 layers × 128, 4 heads (2 KV heads), the byte
+/// tokenizer's 259-token vocabulary, 256 positions, tied embeddings; initialised from `seed` as
+/// transformers initialises a Llama.
+inline CausalLM tiny_llama(uint64_t seed, at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU) {
+  ModelConfig c;
+  const ByteTokenizer bt;
+  c.vocab_size = bt.vocab_size();
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.max_position_embeddings = 256;
+  c.bos_token_id = bt.bos_id();
+  c.eos_token_id = bt.eos_id();
+  c.tie_word_embeddings = true;
+  torch::manual_seed(static_cast<int64_t>(seed));
+  CausalLM m(c);
+  {  // as transformers initialises a Llama: matrices ~ N(0, initializer_range), norms 1
+    c10::NoGradGuard g;
+    for (auto& p : m->parameters()) {
+      if (p.dim() >= 2) p.normal_(0.0, c.initializer_range);
+    }
+  }
+  m->to(device, dtype);
+  return m;
+}
+
+/// The policy of a run, its tokenizer and the tokenizer files to copy next to the final model.
+struct RunModel {
+  CausalLM policy = nullptr;
+  AnyTokenizer tokenizer;
+  std::vector<std::string> tokenizer_files;
+};
+
+/// Loads model.* : the checkpoint at model.path (its tokenizer.model when there is one, else the
+/// byte tokenizer), or the tiny model drawn from `seed`; checks the tokenizer fits the vocabulary.
+inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed) {
+  const at::Device device(mo.device());
+  RunModel out;
+  if (!mo.init().empty()) {
+    out.policy = tiny_llama(seed, mo.dtype(), device);
+    out.tokenizer = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+  } else {
+    out.policy = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(device));
+    const auto spm = std::filesystem::path(mo.path()) / "tokenizer.model";
+    if (std::filesystem::exists(spm)) {
+#if HYBRIDRL_WITH_SENTENCEPIECE
+      out.tokenizer = AnyTokenizer::of(std::make_shared<SentencePieceTokenizer>(mo.path()));
+      out.tokenizer_files.push_back(spm.string());
+#else
+      throw Error(fmt::format("'{}' has a tokenizer.model but this build has no sentencepiece", mo.path()),
+                  "build hybridrl with libsentencepiece-dev");
+#endif
+    } else {
+      out.tokenizer = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+    }
+  }
+  check_vocabulary(out.tokenizer, out.policy->config());
+  return out;
+}
+
+/// The data of a run: the built-in task's (task.name), or the JSONL files' (read in order into one
+/// dataset), tokenized with `tok`.
+template <class Dataset>
+std::shared_ptr<const Dataset> read_run_data(const TaskOptions& task, const std::vector<std::string>& files,
+                                             const AnyTokenizer& tok) {
+  std::stringstream text;
+  std::string source;
+  if (!task.name().empty()) {
+    text << task_jsonl(task, Dataset::data_kind);
+    source = "task " + task.name();
+  } else {
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      HYBRIDRL_CHECK(in.good(), fmt::format("cannot open data.train_files entry '{}'", f),
+                     "give JSONL files that exist (data.train_files=[a.jsonl, b.jsonl])");
+      text << in.rdbuf() << '\n';
+      source += (source.empty() ? "" : "+") + f;
+    }
+  }
+  return std::make_shared<const Dataset>(Dataset::from_stream(text, source, tok));
+}
+
+/// The reward reward.* names (online): the task's, a built-in rule, or a reward model loaded to
+/// the policy's device and dtype (its vocabulary checked against `tok`).
+/// `custom`: rewards a program registered by name (TrainerRegistry::add_reward), looked up first.
+inline BatchRewardFn make_run_reward(const RunRewardOptions& ro, const TaskOptions& task, const RunModelOptions& mo,
+                                     const AnyTokenizer& tok,
+                                     const std::map<std::string, BatchRewardFn>& custom = {}) {
+  auto name = ro.name();
+  if (name.empty()) name = task.name().empty() ? "exact_match" : "task";
+  if (auto it = custom.find(name); it != custom.end()) return it->second;
+  if (name == "model") {
+    auto rm = load_reward_model(ro.model_path(), LoadOptions{}.dtype(mo.dtype()).device(at::Device(mo.device())));
+    check_vocabulary(tok, rm->config());
+    return reward_model_reward(rm, ro.micro_batch_size());
+  }
+  return batched(name == "task" ? task_reward() : builtin_reward(name));
+}
+
+/// The response text a reward reads: `tok`'s decode, leaving out ids past its vocabulary (a model
+/// whose embedding is padded beyond it samples them; they have no text).
+inline DecodeFn run_decode(const AnyTokenizer& tok) {
+  return [tok](const std::vector<int64_t>& ids) {
+    std::vector<int64_t> known;
+    known.reserve(ids.size());
+    for (auto id : ids) {
+      if (id >= 0 && id < tok.vocab_size()) known.push_back(id);
+    }
+    return tok.decode(known);
+  };
+}
+
+/// Removes `table.key` from a parsed file, the environment and the overrides; returns the value the
+/// highest layer gives (file < environment < command line).
+inline std::optional<std::string> take_key(ConfigSources& s, const std::string& table, const std::string& key) {
+  std::optional<std::string> v;
+  if (s.file && s.file->is_object() && s.file->contains(table) && (*s.file)[table].is_object() &&
+      (*s.file)[table].contains(key)) {
+    const auto& x = (*s.file)[table][key];
+    v = x.is_string() ? x.get<std::string>() : x.dump();
+    (*s.file)[table].erase(key);
+    if ((*s.file)[table].empty()) s.file->erase(table);
+  }
+  std::string env = s.env_prefix + table + "__" + key;
+  for (auto& c : env) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (auto it = s.environment.begin(); it != s.environment.end();) {
+    if (it->first == env) {
+      v = it->second;
+      it = s.environment.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  const auto dotted = table + "." + key + "=";
+  for (auto it = s.overrides.begin(); it != s.overrides.end();) {
+    if (it->rfind(dotted, 0) == 0) {
+      v = it->substr(dotted.size());
+      it = s.overrides.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return v;
+}
+
+/// Every layer of a run's configuration, with the two keys that choose the trainer type taken
+/// out (empty where no layer sets them).
+struct RunSources {
+  std::string algorithm, rollout;
+  ConfigSources sources;
+
+  /// Throws unless the configuration names `algo` (or no algorithm) and, where given, `engine`
+  /// (or no rollout): a program that trains one trainer type refuses another's configuration.
+  void require(std::string_view algo, std::string_view engine = {}) const {
+    HYBRIDRL_CHECK(algorithm.empty() || algorithm == algo,
+                   fmt::format("algorithm.name = {} but this program trains {}", algorithm, algo),
+                   fmt::format("pass a configuration for {} (or run `hybridrl train` for the others)", algo));
+    HYBRIDRL_CHECK(engine.empty() || rollout.empty() || rollout == engine,
+                   fmt::format("rollout.name = {} but this program generates with {}", rollout, engine),
+                   fmt::format("set rollout.name={} or leave it out", engine));
+  }
+};
+
+/// The arguments of a training program: `[--config FILE] [--print-config] [--help] [key=value ...]`.
+struct RunArgs {
+  std::string config_file;
+  std::vector<std::string> overrides;
+  bool print_only = false, help = false;
+};
+
+/// Parses a training program's arguments (see RunArgs); anything else is an Error.
+inline RunArgs parse_run_args(int argc, char** argv) {
+  RunArgs out;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) {
+      out.config_file = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      out.config_file = a.substr(9);
+    } else if (a == "--print-config") {
+      out.print_only = true;
+    } else if (a == "--help" || a == "-h") {
+      out.help = true;
+    } else if (a.find('=') != std::string::npos && a.rfind("--", 0) != 0) {
+      out.overrides.push_back(a);
+    } else {
+      throw Error(fmt::format("unexpected argument '{}'", a),
+                  "arguments are [--config FILE] [--print-config] [--help] [key=value ...]");
+    }
+  }
+  return out;
+}
+
+/// Reads `config_file` (YAML, or JSON by its .json extension; "" for none), the HYBRIDRL_*
+/// environment and `overrides` ("key=value"), and takes algorithm.name and rollout.name out.
+inline RunSources read_run_sources(const std::string& config_file, const std::vector<std::string>& overrides) {
+  RunSources s;
+  if (!config_file.empty()) {
+    HYBRIDRL_CHECK(std::filesystem::exists(config_file), fmt::format("cannot open the configuration '{}'", config_file),
+                   "pass --config with a YAML or JSON file that exists");
+    const auto ext = std::filesystem::path(config_file).extension().string();
+    if (ext == ".json") {
+      std::ifstream in(config_file);
+      try {
+        s.sources.file = nlohmann::json::parse(in);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("'{}' is not valid JSON ({})", config_file, e.what()), "fix the file's syntax");
+      }
+    } else {
+#if HYBRIDRL_WITH_YAML
+      s.sources.file = read_yaml_file(config_file);
+      s.sources.file_scalars_are_text = true;
+#else
+      throw Error(fmt::format("'{}' is YAML but this build has no yaml-cpp", config_file),
+                  "pass a .json configuration, or build hybridrl with libyaml-cpp-dev");
+#endif
+    }
+    s.sources.file_name = config_file;
+  }
+  s.sources.environment = environment_variables();
+  s.sources.overrides = overrides;
+  if (auto a = take_key(s.sources, "algorithm", "name")) s.algorithm = *a;
+  if (auto r = take_key(s.sources, "rollout", "name")) s.rollout = *r;
+  return s;
+}
+
+/// As above, from a program's arguments (parse_run_args; --print-config and --help are ignored).
+inline RunSources read_run_sources(int argc, char** argv) {
+  const auto args = parse_run_args(argc, argv);
+  return read_run_sources(args.config_file, args.overrides);
+}
+
+/// The configuration of a run of T from `sources`, validated (every key checked before anything
+/// is loaded: an unknown one names the nearest valid spelling).
+template <class T>
+[[nodiscard]] RunConfig<T> configure_run(const ConfigSources& sources) {
+  auto cfg = configure(RunConfig<T>{}, sources);
+  cfg.validate();
+  return cfg;
+}
+
+/// The whole job for trainer type T: configuration → model → data → reward → fit, the effective
+/// configuration printed first (`label`: how the trainer type was chosen) and saved with the run.
+/// `print_only`: print it and stop. `rewards`: a program's own rewards by reward.name. Returns the
+/// exit code (bad input throws Error).
+template <class T>
+int run_trainer(const ConfigSources& sources, const std::string& label, bool print_only,
+                const std::map<std::string, BatchRewardFn>& rewards = {}) {
+  const auto cfg = configure_run<T>(sources);
+  const T trainer(cfg.run());
+  RunConfig<T> effective = cfg;
+  effective.run(trainer.options());
+  std::fprintf(stderr, "hybridrl train: %s\n%s", label.c_str(), describe(effective).c_str());
+  if (print_only) return 0;
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
+  auto data = read_run_data<dataset_of<T>>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  FitParts parts;
+  if constexpr (T::has_critic) {
+    if (!cfg.model().critic_path().empty()) {
+      parts.critic = load_value_model(cfg.model().critic_path(),
+                                      LoadOptions{}.dtype(cfg.model().dtype()).device(at::Device(cfg.model().device())));
+    }
+  }
+  parts.tokenizer_files = model.tokenizer_files;
+  parts.run_config = to_json(effective);
+  FitResult r;
+  if constexpr (T::has_rollout) {
+    auto reward = make_run_reward(cfg.reward(), cfg.task(), cfg.model(), model.tokenizer, rewards);
+    parts.decode = run_decode(model.tokenizer);
+    r = T(cfg.run()).fit(model.policy, data, std::move(reward), std::move(parts));
+  } else {
+    r = T(cfg.run()).fit(model.policy, data, std::move(parts));
+  }
+  std::fprintf(stderr, "hybridrl train: done, %lld steps%s%s\n", static_cast<long long>(r.steps),
+               r.resumed_from > 0 ? fmt::format(" (resumed from step {})", r.resumed_from).c_str() : "",
+               r.last_checkpoint.empty() ? "" : fmt::format("; last checkpoint {}", r.last_checkpoint).c_str());
+  return 0;
+}
+
+/// The trainer types a program runs, by algorithm.name (and rollout.name for online ones), and
+/// its own rewards by reward.name. The first algorithm added is the default, and for each online
+/// algorithm its first rollout.
+class TrainerRegistry {
+ public:
+  /// Adds a reward that `reward.name=name` chooses (before the built-in names: it may replace one).
+  TrainerRegistry& add_reward(std::string name, BatchRewardFn reward) {
+    HYBRIDRL_CHECK(static_cast<bool>(reward), fmt::format("TrainerRegistry::add_reward(\"{}\"): an empty function", name),
+                   "pass a callable: add_reward(\"name\", batched(my_reward))");
+    rewards_[std::move(name)] = std::move(reward);
+    return *this;
+  }
+  /// As above, for a per-sample reward.
+  TrainerRegistry& add_reward(std::string name, RewardFn reward) {
+    HYBRIDRL_CHECK(static_cast<bool>(reward), fmt::format("TrainerRegistry::add_reward(\"{}\"): an empty function", name),
+                   "pass a callable: add_reward(\"name\", my_reward)");
+    return add_reward(std::move(name), batched(std::move(reward)));
+  }
+
+  /// Adds trainer type T as `algorithm` (with `rollout` for an online T).
+  template <class T>
+  TrainerRegistry& add(std::string algorithm, std::string rollout = {}) {
+    HYBRIDRL_CHECK(T::has_rollout != rollout.empty(),
+                   fmt::format("TrainerRegistry::add(\"{}\", \"{}\"): {}", algorithm, rollout,
+                               T::has_rollout ? "an online trainer needs a rollout name" : "an offline trainer has no rollout"),
+                   T::has_rollout ? "name its engine, e.g. add<T>(\"rloo\", \"paged\")" : "call add<T>(\"name\")");
+    HYBRIDRL_CHECK(!find_entry(algorithm, rollout), fmt::format("algorithm.name = {} {} is registered twice", algorithm, rollout),
+                   "register each (algorithm, rollout) pair once");
+    Entry e;
+    e.algorithm = std::move(algorithm);
+    e.rollout = std::move(rollout);
+    e.run = [](const ConfigSources& s, const std::string& label, bool print_only,
+               const std::map<std::string, BatchRewardFn>& rewards) { return run_trainer<T>(s, label, print_only, rewards); };
+    e.help = [] { return ::hybridrl::help<RunConfig<T>>(); };
+    entries_.push_back(std::move(e));
+    return *this;
+  }
+
+  /// The algorithm names, in the order added (each once).
+  [[nodiscard]] std::vector<std::string> algorithms() const {
+    std::vector<std::string> out;
+    for (const auto& e : entries_) {
+      if (std::find(out.begin(), out.end(), e.algorithm) == out.end()) out.push_back(e.algorithm);
+    }
+    return out;
+  }
+
+  /// Runs the trainer type `s` names (defaults where it names none); the exit code.
+  int run(const RunSources& s, bool print_only) const {
+    const auto& e = resolve(s.algorithm, s.rollout);
+    const auto label = fmt::format("algorithm.name = {}{}", e.algorithm,
+                                   e.rollout.empty() ? "" : fmt::format(", rollout.name = {}", e.rollout));
+    return e.run(s.sources, label, print_only, rewards_);
+  }
+
+  /// Every key of the trainer type `algorithm` and `rollout` name, with its type and default.
+  [[nodiscard]] std::string help(const std::string& algorithm = {}, const std::string& rollout = {}) const {
+    const auto& e = resolve(algorithm, rollout);
+    std::vector<std::string> rollouts;
+    for (const auto& x : entries_) {
+      if (!x.rollout.empty() && std::find(rollouts.begin(), rollouts.end(), x.rollout) == rollouts.end()) {
+        rollouts.push_back(x.rollout);
+      }
+    }
+    std::string out = fmt::format(
+        "configuration keys of algorithm.name={}{} (another algorithm's: algorithm.name=NAME --help):\n"
+        "  algorithm.name  <one of {{{}}}> (default: {})\n",
+        e.algorithm, e.rollout.empty() ? "" : " rollout.name=" + e.rollout, fmt::join(algorithms(), ", "),
+        entries_.front().algorithm);
+    if (!rollouts.empty()) {
+      out += fmt::format("  rollout.name  <one of {{{}}}> (default: the first of them; online algorithms)\n",
+                         fmt::join(rollouts, ", "));
+    }
+    return out + e.help();
+  }
+
+ private:
+  struct Entry {
+    std::string algorithm, rollout;
+    std::function<int(const ConfigSources&, const std::string&, bool, const std::map<std::string, BatchRewardFn>&)> run;
+    std::function<std::string()> help;
+  };
+
+  [[nodiscard]] const Entry* find_entry(const std::string& algorithm, const std::string& rollout) const {
+    for (const auto& e : entries_) {
+      if (e.algorithm == algorithm && (rollout.empty() || e.rollout == rollout)) return &e;
+    }
+    return nullptr;
+  }
+
+  /// The entry of (algorithm, rollout), defaults filled in; an Error naming the valid names.
+  [[nodiscard]] const Entry& resolve(std::string algorithm, const std::string& rollout) const {
+    HYBRIDRL_CHECK(!entries_.empty(), "no trainer type is registered", "add one: registry.add<MyTrainer>(\"name\")");
+    if (algorithm.empty()) algorithm = entries_.front().algorithm;
+    const auto names = algorithms();
+    if (std::find(names.begin(), names.end(), algorithm) == names.end()) {
+      throw Error(fmt::format("algorithm.name = \"{}\" is not one of {}{}", algorithm, fmt::join(names, ", "),
+                              nearest_hint(algorithm, names)),
+                  fmt::format("use algorithm.name={} (another algorithm: compose its Trainer in your program and "
+                              "register it, as examples/custom_algorithm does)",
+                              fmt::join(names, ", ")));
+    }
+    const Entry* first = find_entry(algorithm, "");
+    if (first->rollout.empty()) {
+      HYBRIDRL_CHECK(rollout.empty(), fmt::format("rollout.name = {} is set but algorithm.name = {} generates nothing", rollout, algorithm),
+                     fmt::format("remove rollout.name: {} trains on its dataset", algorithm));
+      return *first;
+    }
+    if (rollout.empty()) return *first;
+    if (const Entry* e = find_entry(algorithm, rollout)) return *e;
+    std::vector<std::string> valid;
+    for (const auto& e : entries_) {
+      if (e.algorithm == algorithm) valid.push_back(e.rollout);
+    }
+    throw Error(fmt::format("rollout.name = \"{}\" is not one of {}", rollout, fmt::join(valid, ", ")),
+                fmt::format("use rollout.name={} with algorithm.name={}", fmt::join(valid, " or "), algorithm));
+  }
+
+  static std::string nearest_hint(const std::string& name, const std::vector<std::string>& names) {
+    std::string best;
+    std::size_t best_d = 3;  // suggest only close spellings
+    for (const auto& n : names) {
+      const auto d = detail::edit_distance(name, n);
+      if (d < best_d) {
+        best_d = d;
+        best = n;
+      }
+    }
+    return best.empty() ? std::string() : fmt::format(" (did you mean {}?)", best);
+  }
+
+  std::vector<Entry> entries_;
+  std::map<std::string, BatchRewardFn> rewards_;
+};
+
+/// The trainer types of `hybridrl train`: grpo and ppo (rollout.name paged, the default, or
+/// naive), dpo, kto and sft — the presets of trainer/presets.hpp.
+inline TrainerRegistry builtin_trainers() {
+  TrainerRegistry r;
+  r.add<GRPOTrainer>("grpo", "paged")
+      .add<NaiveGRPOTrainer>("grpo", "naive")
+      .add<PPOTrainer>("ppo", "paged")
+      .add<NaivePPOTrainer>("ppo", "naive")
+      .add<DPOTrainer>("dpo")
+      .add<KTOTrainer>("kto")
+      .add<SFTTrainer>("sft");
+  return r;
+}
+
+/// A program's `main` for training runs with `trainers`: the arguments of `hybridrl train`
+///   PROGRAM [--config FILE] [--print-config] [--help] [key=value ...]
+/// Exit codes: 0 done, 1 bad input (the message names the problem and the fix), 2 a usage error,
+/// 3 any other failure.
+inline int train_main(int argc, char** argv, const TrainerRegistry& trainers) {
+  const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "train";
+  RunArgs args;
+  try {
+    args = parse_run_args(argc, argv);
+  } catch (const Error& e) {
+    std::cerr << program << ": " << e.what() << '\n';
+    return 2;
+  }
+  try {
+    if (args.help) {
+      std::string algorithm, rollout;
+      for (const auto& o : args.overrides) {
+        if (o.rfind("algorithm.name=", 0) == 0) algorithm = o.substr(15);
+        if (o.rfind("rollout.name=", 0) == 0) rollout = o.substr(13);
+      }
+      std::cout << "usage: " << program << " [--config FILE] [--print-config] [--help] [key=value ...]\n"
+                << "precedence: defaults < --config file < HYBRIDRL_* environment < command line\n"
+                << trainers.help(algorithm, rollout);
+      return 0;
+    }
+    return trainers.run(read_run_sources(args.config_file, args.overrides), args.print_only);
+  } catch (const Error& e) {
+    std::cerr << e.what() << '\n';
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << program << ": unexpected failure: " << e.what() << '\n';
+    return 3;
+  }
+}
+
+}  // namespace hybridrl

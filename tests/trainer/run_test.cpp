@@ -1,0 +1,158 @@
+// The run machinery of trainer/run.hpp (what `hybridrl train` and the examples run): the trainer
+// registry's names, defaults and errors, a program's own reward by name, the arguments, the
+// configuration layers and the checks made before anything is loaded.
+#include <doctest/doctest.h>
+
+#include <hybridrl/hybridrl.hpp>
+#include <hybridrl/trainer/run.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../support/fit.hpp"
+
+using namespace hybridrl;
+
+namespace {
+
+std::string run_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool mentions(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+RunSources run_sources(std::vector<std::string> overrides) {
+  RunSources s = read_run_sources("", overrides);
+  s.sources.environment.clear();  // the test's own environment does not count
+  return s;
+}
+
+}  // namespace
+
+TEST_SUITE("trainer/run") {
+  TEST_CASE("the built-in registry: names in order, defaults grpo and paged, errors name the valid names") {
+    const auto r = builtin_trainers();
+    CHECK(r.algorithms() == std::vector<std::string>{"grpo", "ppo", "dpo", "kto", "sft"});
+    // --help of the default is GRPO on Rollout<Paged>; of ppo naive, PPO's keys with critic.*
+    const auto h = r.help();
+    CHECK(mentions(h, "configuration keys of algorithm.name=grpo rollout.name=paged"));
+    CHECK(mentions(h, "rollout.kv_cache_tokens"));
+    const auto hp = r.help("ppo", "naive");
+    CHECK(mentions(hp, "algorithm.name=ppo rollout.name=naive"));
+    CHECK(mentions(hp, "critic.optim.lr"));
+    CHECK(!mentions(hp, "rollout.kv_cache_tokens"));  // Rollout<Naive> has no KV pool
+    CHECK(mentions(r.help("dpo"), "loader.row_length"));  // offline presets pack their rows
+    // errors, before anything is read
+    const auto unknown = run_error([&] { (void)r.help("grop"); });
+    CHECK(mentions(unknown, "algorithm.name = \"grop\" is not one of grpo, ppo, dpo, kto, sft (did you mean grpo?)"));
+    CHECK(mentions(unknown, "examples/custom_algorithm"));
+    CHECK(mentions(run_error([&] { (void)r.help("grpo", "vllm"); }), "rollout.name = \"vllm\" is not one of paged, naive"));
+    CHECK(mentions(run_error([&] { (void)r.run(run_sources({"algorithm.name=dpo", "rollout.name=paged"}), true); }),
+                   "rollout.name = paged is set but algorithm.name = dpo generates nothing"));
+  }
+
+  TEST_CASE("registering: a custom trainer type and reward join the built-ins; misuse is an Error") {
+    auto r = builtin_trainers();
+    using MyGRPO = NaiveGRPOTrainer;
+    r.add<MyGRPO>("mine", "naive");
+    CHECK(r.algorithms().back() == "mine");
+    CHECK(mentions(r.help("mine"), "algorithm.name=mine rollout.name=naive"));
+    CHECK(mentions(run_error([&] { r.add<MyGRPO>("mine", "naive"); }), "registered twice"));
+    CHECK(mentions(run_error([&] { r.add<MyGRPO>("other"); }), "an online trainer needs a rollout name"));
+    CHECK(mentions(run_error([&] { r.add<DPOTrainer>("other", "paged"); }), "an offline trainer has no rollout"));
+    CHECK(mentions(run_error([&] { r.add_reward("none", RewardFn{}); }), "an empty function"));
+    CHECK(mentions(run_error([] { (void)TrainerRegistry{}.help(); }), "no trainer type is registered"));
+  }
+
+  TEST_CASE("a registered reward is chosen by reward.name and scores the run") {
+    // A reward that gives every response 0.25: the run's mean reward must be exactly that, which
+    // no built-in reward of the reverse task gives a random model's responses.
+    testing::FitTempDir dir("run_reward");
+    auto r = TrainerRegistry{}.add<NaiveGRPOTrainer>("grpo", "naive");
+    int calls = 0;
+    r.add_reward("quarter", [&calls](const RewardInput&) {
+      ++calls;
+      return 0.25;
+    });
+    const auto s = run_sources({"task.name=reverse", "model.init=tiny", "reward.name=quarter", "trainer.total_steps=1",
+                               "trainer.output_dir=" + dir.path, "trainer.save_model=false", "data.train_batch_size=2",
+                               "rollout.n=2", "rollout.max_new_tokens=3", "geometry.ppo_mini_batch_size=2",
+                               "geometry.micro_batch_size_per_gpu=4"});
+    CHECK(r.run(s, false) == 0);
+    CHECK(calls == 4);  // 2 prompts × 2 samples
+    const auto m = testing::reproducible_metrics(dir.path);
+    REQUIRE(m.size() == 1);
+    CHECK(m[0]["reward_mean"].get<double>() == doctest::Approx(0.25).epsilon(1e-12));
+    CHECK(m[0]["reward_std"].get<double>() == doctest::Approx(0.0));
+    // print_only: the effective configuration and no run (no second metrics line)
+    CHECK(r.run(s, true) == 0);
+    CHECK(testing::reproducible_metrics(dir.path).size() == 1);
+  }
+
+  TEST_CASE("arguments, layers and the checks before loading") {
+    char prog[] = "train", c1[] = "--config", c2[] = "run.yaml", o1[] = "a.b=1", p[] = "--print-config", h[] = "-h";
+    char* argv[] = {prog, c1, c2, o1, p, h};
+    const auto a = parse_run_args(6, argv);
+    CHECK(a.config_file == "run.yaml");
+    CHECK(a.overrides == std::vector<std::string>{"a.b=1"});
+    CHECK(a.print_only);
+    CHECK(a.help);
+    char bad[] = "--verbose";
+    char* argv2[] = {prog, bad};
+    CHECK(mentions(run_error([&] { (void)parse_run_args(2, argv2); }), "unexpected argument '--verbose'"));
+
+    // algorithm.name and rollout.name are taken out of every layer: file < environment < command line
+    ConfigSources cs;
+    cs.file = nlohmann::json{{"algorithm", {{"name", "dpo"}, {"beta", 0.2}}}, {"rollout", {{"name", "naive"}}}};
+    cs.environment = {{"HYBRIDRL_ALGORITHM__NAME", "kto"}};
+    cs.overrides = {"algorithm.name=sft", "trainer.seed=3"};
+    CHECK(take_key(cs, "algorithm", "name") == std::optional<std::string>("sft"));
+    CHECK(cs.file->at("algorithm") == nlohmann::json{{"beta", 0.2}});  // the other keys stay
+    CHECK(cs.environment.empty());
+    CHECK(cs.overrides == std::vector<std::string>{"trainer.seed=3"});
+    CHECK(take_key(cs, "rollout", "name") == std::optional<std::string>("naive"));
+    CHECK(!cs.file->contains("rollout"));  // an emptied table goes
+    cs.environment = {{"HYBRIDRL_ROLLOUT__NAME", "paged"}};
+    CHECK(take_key(cs, "rollout", "name") == std::optional<std::string>("paged"));
+    CHECK(!take_key(cs, "rollout", "name").has_value());
+
+    // a program that trains one type refuses another's configuration
+    RunSources rs;
+    rs.algorithm = "ppo";
+    CHECK(mentions(run_error([&] { rs.require("grpo"); }), "algorithm.name = ppo but this program trains grpo"));
+    rs.algorithm = "grpo";
+    rs.rollout = "naive";
+    CHECK(mentions(run_error([&] { rs.require("grpo", "paged"); }), "rollout.name = naive but this program generates with paged"));
+    CHECK_NOTHROW(rs.require("grpo"));
+
+    // checked before loading: one of model.path / model.init, a device, data
+    CHECK(mentions(run_error([] { (void)configure_run<GRPOTrainer>(run_sources({"task.name=reverse"}).sources); }),
+                   "neither path nor init is set"));
+    CHECK(mentions(run_error([] {
+                     (void)configure_run<GRPOTrainer>(run_sources({"task.name=reverse", "model.init=tiny", "model.device=gpu"}).sources);
+                   }),
+                   "device = \"gpu\" is not a device"));
+    CHECK(mentions(run_error([] { (void)configure_run<SFTTrainer>(run_sources({"model.init=tiny"}).sources); }),
+                   "neither task.name nor data.train_files is set"));
+    CHECK(mentions(run_error([] { (void)configure_run<SFTTrainer>(run_sources({"model.init=tiny", "reward.name=gsm8k"}).sources); }),
+                   "reward.name"));  // offline runs have no reward table
+    CHECK(mentions(run_error([] { (void)read_run_sources("/nonexistent/run.yaml", {}); }), "cannot open the configuration"));
+  }
+
+  TEST_CASE("tiny_llama: the model.init=tiny shape, reproducible from its seed") {
+    auto a = tiny_llama(7), b = tiny_llama(7), c = tiny_llama(8);
+    CHECK(a->config().num_hidden_layers == 2);
+    CHECK(a->config().vocab_size == ByteTokenizer().vocab_size());
+    const auto x = at::tensor(std::vector<int64_t>{1, 2, 3}).unsqueeze(0);
+    c10::NoGradGuard g;
+    CHECK(at::equal(a->forward(x), b->forward(x)));
+    CHECK(!at::equal(a->forward(x), c->forward(x)));
+  }
+}
