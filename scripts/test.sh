@@ -14,7 +14,7 @@ JOBS=${JOBS:-$(nproc)}
 packages=(
   g++ cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libeigen3-dev librange-v3-dev doctest-dev libbenchmark-dev
-  nlohmann-json3-dev libfmt-dev libsentencepiece-dev libyaml-cpp-dev libcli11-dev
+  nlohmann-json3-dev libfmt-dev libsentencepiece-dev libyaml-cpp-dev libcli11-dev libpcre2-dev libicu-dev
 )
 missing=()
 for p in "${packages[@]}"; do

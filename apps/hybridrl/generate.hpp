@@ -3,7 +3,7 @@
 //   hybridrl generate --input prompts.jsonl --output out.jsonl model.path=DIR rollout.n=4
 //       rollout.max_new_tokens=256 rollout.temperature=0.7 ...
 // Input lines hold `prompt_ids` (token ids) or `prompt` (text, through the checkpoint's
-// tokenizer.model), and optionally `seed`. Output: one line per sample, in input order (the n
+// tokenizer.json or tokenizer.model), and optionally `seed`. Output: one line per sample, in input order (the n
 // samples of line i together): prompt_ids, response_ids, log_probs, finish_reason, and response
 // text when the checkpoint has a tokenizer. Everything the input can get wrong is checked before
 // the weights are loaded; the output is written to a temporary file and renamed when complete.
@@ -35,9 +35,6 @@
 #include <hybridrl/rollout/paged.hpp>
 #include <hybridrl/rollout/sampling.hpp>
 #include <hybridrl/trainer/run.hpp>
-#if HYBRIDRL_WITH_SENTENCEPIECE
-#include <hybridrl/tokenizer/sentencepiece.hpp>
-#endif
 
 namespace hybridrl::app {
 
@@ -262,23 +259,17 @@ inline int run_generate(const std::string& input, const std::string& output, con
   const auto config = load_config(mo.path());
   auto lines = read_prompt_lines(input);
   std::function<std::string(const std::vector<int64_t>&)> decode;
-#if HYBRIDRL_WITH_SENTENCEPIECE
-  std::shared_ptr<SentencePieceTokenizer> tok;
   bool needs_tokenizer = false;
   for (const auto& l : lines) needs_tokenizer = needs_tokenizer || l.text.has_value();
-  if (needs_tokenizer || std::filesystem::exists(std::filesystem::path(mo.path()) / "tokenizer.model")) {
-    tok = std::make_shared<SentencePieceTokenizer>(mo.path());  // throws with the fix when absent
+  if (auto tok = load_checkpoint_tokenizer(mo.path())) {  // tokenizer.json or tokenizer.model
     for (auto& l : lines) {
-      if (l.text) l.ids = tok->encode(*l.text);
+      if (l.text) l.ids = tok->encode(*l.text, true);
     }
-    decode = [tok](const std::vector<int64_t>& ids) { return tok->decode(ids); };
+    decode = [t = *tok](const std::vector<int64_t>& ids) { return t.decode(ids); };
+  } else {
+    HYBRIDRL_CHECK(!needs_tokenizer, fmt::format("{}: a line holds prompt text, but '{}' has no tokenizer", input, mo.path()),
+                   "pass prompt_ids, or a checkpoint with tokenizer.json or tokenizer.model");
   }
-#else
-  for (const auto& l : lines) {
-    HYBRIDRL_CHECK(!l.text, "a line holds prompt text, but this build has no sentencepiece",
-                   "pass prompt_ids, or build hybridrl with libsentencepiece-dev");
-  }
-#endif
   const auto P = static_cast<int64_t>(lines.size()), n = ro.n();
   for (int64_t i = 0; i < P; ++i) {
     const auto& ids = lines[static_cast<size_t>(i)].ids;

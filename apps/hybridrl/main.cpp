@@ -2,7 +2,7 @@
 //   hybridrl info [--json]     the device report: LibTorch, CUDA devices, NCCL, fused attention
 //   hybridrl generate --input in.jsonl --output out.jsonl [key=value ...]   offline generation
 //   hybridrl train [--config run.yaml] [--print-config] [key=value ...]   one training run
-// `tokenize` is added by the tokenizer issue.
+//   hybridrl tokenize --model DIR --input in.jsonl --output out.jsonl [--decode]   check a tokenizer
 // Exit codes: 0 ok, 1 a hybridrl::Error (bad input: the message says the problem and the fix),
 // 2 a command-line usage error, 3 any other failure.
 #include <hybridrl/core/device.hpp>
@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "generate.hpp"
+#include "tokenize.hpp"
 #include "train.hpp"
 
 #include <cstdio>
@@ -62,6 +63,18 @@ int main(int argc, char** argv) {
     }
   }
   train->callback([&] { exit_code = hybridrl::app::run_train(config_file, train_overrides, print_config); });
+
+  auto* tokenize = app.add_subcommand(
+      "tokenize", "encode each JSONL line's \"text\" to \"ids\" with a checkpoint's tokenizer (tokenizer.json or "
+                  "tokenizer.model; no special tokens), or --decode \"ids\" to \"text\"");
+  std::string tok_model, tok_input, tok_output;
+  bool tok_decode = false, tok_special = false;
+  tokenize->add_option("--model", tok_model, "checkpoint directory holding tokenizer.json or tokenizer.model")->required();
+  tokenize->add_option("--input", tok_input, "JSONL: {\"text\": ...} per line ({\"ids\": [...]} with --decode)")->required();
+  tokenize->add_option("--output", tok_output, "JSONL: each input line with \"ids\" (or \"text\") added")->required();
+  tokenize->add_flag("--decode", tok_decode, "decode \"ids\" to \"text\" (special tokens skipped)");
+  tokenize->add_flag("--add-special", tok_special, "encode with the post-processor's special tokens (Llama-3's BOS)");
+  tokenize->callback([&] { exit_code = hybridrl::app::run_tokenize(tok_model, tok_input, tok_output, tok_decode, tok_special); });
 
   try {
     app.parse(argc, argv);

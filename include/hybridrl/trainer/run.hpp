@@ -47,6 +47,7 @@
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/tokenizer/hf_tokenizer.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 #include "hybridrl/trainer/presets.hpp"
 #include "hybridrl/trainer/rewards.hpp"
@@ -73,7 +74,8 @@ inline void check_device_option(const std::string& device) {
 
 /// model.*: where the policy comes from and where it trains.
 struct RunModelOptions {
-  /// A Hugging Face checkpoint directory (config.json + safetensors; tokenizer.model when present).
+  /// A Hugging Face checkpoint directory (config.json + safetensors; its tokenizer.json or
+  /// tokenizer.model when present).
   HYBRIDRL_ARG(std::string, path) = "";
   /// Instead of a checkpoint: `tiny`, a randomly initialised 2-layer Llama with the byte tokenizer
   /// (for built-in tasks and smoke runs).
@@ -145,7 +147,7 @@ struct RunConfig {
   }
 };
 
-/// A tokenizer chosen at run time: sentencepiece when the checkpoint has tokenizer.model, else the
+/// A tokenizer chosen at run time: the checkpoint's tokenizer.json or tokenizer.model, else the
 /// byte tokenizer (the fixtures and model.init=tiny).
 struct AnyTokenizer {
   std::function<std::vector<int64_t>(std::string_view, bool)> encode_fn;
@@ -208,8 +210,39 @@ struct RunModel {
   std::vector<std::string> tokenizer_files;
 };
 
-/// Loads model.* : the checkpoint at model.path (its tokenizer.model when there is one, else the
-/// byte tokenizer), or the tiny model drawn from `seed`; checks the tokenizer fits the vocabulary.
+/// The tokenizer of checkpoint directory `dir`: its tokenizer.json (HFTokenizer: Qwen2, Llama-3,
+/// ...), else its tokenizer.model (sentencepiece); nullopt when it has neither. `files` receives
+/// the tokenizer files to copy next to a model trained from it.
+inline std::optional<AnyTokenizer> load_checkpoint_tokenizer(const std::string& dir,
+                                                             std::vector<std::string>* files = nullptr) {
+  namespace fs = std::filesystem;
+  const auto json = fs::path(dir) / "tokenizer.json", spm = fs::path(dir) / "tokenizer.model";
+  auto note = [&](const fs::path& main) {
+    if (files == nullptr) return;
+    files->push_back(main.string());
+    for (const char* extra : {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
+      if (fs::exists(fs::path(dir) / extra)) files->push_back((fs::path(dir) / extra).string());
+    }
+  };
+  if (fs::exists(json)) {
+    note(json);
+    return AnyTokenizer::of(std::make_shared<const HFTokenizer>(dir));
+  }
+  if (fs::exists(spm)) {
+#if HYBRIDRL_WITH_SENTENCEPIECE
+    note(spm);
+    return AnyTokenizer::of(std::make_shared<SentencePieceTokenizer>(dir));
+#else
+    throw Error(fmt::format("'{}' has a tokenizer.model but this build has no sentencepiece", dir),
+                "build hybridrl with libsentencepiece-dev");
+#endif
+  }
+  return std::nullopt;
+}
+
+/// Loads model.* : the checkpoint at model.path (its tokenizer.json or tokenizer.model when it
+/// has one, else the byte tokenizer), or the tiny model drawn from `seed`; checks the tokenizer
+/// fits the vocabulary.
 inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed) {
   const at::Device device(mo.device());
   RunModel out;
@@ -217,19 +250,9 @@ inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed) {
     out.policy = tiny_llama(seed, mo.dtype(), device);
     out.tokenizer = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
   } else {
+    auto tok = load_checkpoint_tokenizer(mo.path(), &out.tokenizer_files);  // before the weights: a bad file fails fast
     out.policy = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(device));
-    const auto spm = std::filesystem::path(mo.path()) / "tokenizer.model";
-    if (std::filesystem::exists(spm)) {
-#if HYBRIDRL_WITH_SENTENCEPIECE
-      out.tokenizer = AnyTokenizer::of(std::make_shared<SentencePieceTokenizer>(mo.path()));
-      out.tokenizer_files.push_back(spm.string());
-#else
-      throw Error(fmt::format("'{}' has a tokenizer.model but this build has no sentencepiece", mo.path()),
-                  "build hybridrl with libsentencepiece-dev");
-#endif
-    } else {
-      out.tokenizer = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
-    }
+    out.tokenizer = tok ? *tok : AnyTokenizer::of(std::make_shared<ByteTokenizer>());
   }
   check_vocabulary(out.tokenizer, out.policy->config());
   return out;

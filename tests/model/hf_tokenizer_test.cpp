@@ -1,0 +1,169 @@
+// tokenizer.json (HFTokenizer) against Hugging Face `tokenizers`: the ids, the ids with special
+// tokens and the decoded text of 10⁴ strings per fixture style (tests/fixtures/tokenizers/, made by
+// tests/fixtures/make_tokenizer_fixtures.py: Qwen2, Llama-3 and a byte-fallback BPE), the special
+// ids of tokenizer_config.json and generation_config.json, and every refusal of a file it cannot
+// reproduce.
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/tokenizer/tokenizer.hpp"
+#if HYBRIDRL_WITH_PCRE2 && HYBRIDRL_WITH_ICU
+#include "hybridrl/tokenizer/hf_tokenizer.hpp"
+#endif
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
+
+using namespace hybridrl;
+
+#if HYBRIDRL_WITH_PCRE2 && HYBRIDRL_WITH_ICU
+namespace {
+
+std::string tokenizer_fixture(const std::string& style) {
+  return std::string(HYBRIDRL_FIXTURES_DIR) + "/tokenizers/" + style;
+}
+
+std::string hf_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+/// A scratch directory holding `tokenizer.json` = the Qwen2 fixture's JSON after `edit`.
+struct EditedTokenizer {
+  std::string dir;
+  explicit EditedTokenizer(const std::string& tag, const std::function<void(nlohmann::json&)>& edit) {
+    dir = (std::filesystem::temp_directory_path() / ("hybridrl_hf_" + tag + "_" + std::to_string(::getpid()))).string();
+    std::filesystem::create_directories(dir);
+    std::ifstream in(tokenizer_fixture("qwen2") + "/tokenizer.json");
+    auto j = nlohmann::json::parse(in);
+    edit(j);
+    std::ofstream(dir + "/tokenizer.json") << j.dump();
+  }
+  ~EditedTokenizer() { io::detail::remove_tree(dir); }
+};
+
+}  // namespace
+
+TEST_SUITE("model/hf_tokenizer") {
+  TEST_CASE("tokenizer.json: ids, special ids and decode equal Hugging Face tokenizers on 10^4 strings per style") {
+    for (const std::string style : {"qwen2", "llama3", "fallback"}) {
+      CAPTURE(style);
+      const HFTokenizer tok(tokenizer_fixture(style));
+      std::ifstream in(tokenizer_fixture(style) + "/conformance.jsonl");
+      REQUIRE(in.good());
+      std::string line;
+      int lines = 0, wrong_ids = 0, wrong_special = 0, wrong_text = 0, with_special = 0;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        const auto text = j["text"].get<std::string>();
+        const auto want = j["ids"].get<std::vector<int64_t>>();
+        const auto got = tok.encode(text, false);
+        if (got != want && wrong_ids++ < 3) {  // the first few in full
+          CAPTURE(text);
+          CHECK(got == want);
+        }
+        const auto decoded = j.contains("decoded") ? j["decoded"].get<std::string>() : text;
+        if (tok.decode(want) != decoded && wrong_text++ < 3) {
+          CAPTURE(text);
+          CHECK(tok.decode(want) == decoded);
+        }
+        if (j.contains("ids_special")) {
+          ++with_special;
+          if (tok.encode(text, true) != j["ids_special"].get<std::vector<int64_t>>()) ++wrong_special;
+        }
+        ++lines;
+      }
+      CHECK(lines == 10000);
+      CHECK(with_special == 200);
+      CHECK(wrong_ids == 0);
+      CHECK(wrong_text == 0);
+      CHECK(wrong_special == 0);
+    }
+  }
+
+  TEST_CASE("the pipelines by hand: Qwen2 single digits and NFC, Llama-3 digit triples and <|begin_of_text|>") {
+    const HFTokenizer qwen(tokenizer_fixture("qwen2")), llama(tokenizer_fixture("llama3"));
+    // Qwen2's regex takes digits one by one; Llama-3's in runs of up to three
+    const auto q = qwen.encode("12345", false), l = llama.encode("12345", false);
+    CHECK(q.size() == 5);
+    CHECK(l == std::vector<int64_t>{llama.token_id("123"), llama.token_id("45")});
+    // NFC: a decomposed é (e + U+0301) encodes as the composed one in Qwen2, not in Llama-3
+    CHECK(qwen.encode("caf\xC3\xA9", false) == qwen.encode("cafe\xCC\x81", false));
+    CHECK(llama.encode("caf\xC3\xA9", false) != llama.encode("cafe\xCC\x81", false));
+    // special tokens inside text are single ids; add_special follows the post-processor
+    const auto im_start = qwen.token_id("<|im_start|>");
+    CHECK(qwen.encode("<|im_start|>user", false).front() == im_start);
+    CHECK(qwen.encode("hi", true) == qwen.encode("hi", false));  // Qwen2 adds nothing
+    const auto bot = llama.token_id("<|begin_of_text|>");
+    CHECK(llama.encode("hi", true).front() == bot);
+    CHECK(llama.encode("hi", true).size() == llama.encode("hi", false).size() + 1);
+    // decode skips special tokens and round-trips what it encodes
+    const std::string s = "Hello, 世界! 🙂  x\r\n";
+    CHECK(llama.decode(llama.encode(s, true)) == s);
+    CHECK(llama.decode(llama.encode(s, true), false) == "<|begin_of_text|>" + s);
+    // the byte map: every byte of an unseen code point is a token of its own byte character
+    CHECK(qwen.encode("\xF0\x9F\xAA\xBF", false).size() >= 1);  // U+1FABF, absent from the corpus
+    CHECK(qwen.decode(qwen.encode("\xF0\x9F\xAA\xBF", false)) == "\xF0\x9F\xAA\xBF");
+  }
+
+  TEST_CASE("special ids: tokenizer_config.json (bos, eos, pad), generation_config.json (stop ids)") {
+    const HFTokenizer qwen(tokenizer_fixture("qwen2")), llama(tokenizer_fixture("llama3"));
+    CHECK(qwen.bos_id() == -1);  // Qwen2 has none
+    CHECK(qwen.eos_id() == qwen.token_id("<|im_end|>"));
+    CHECK(qwen.pad_id() == qwen.token_id("<|endoftext|>"));
+    CHECK(qwen.stop_ids() == std::vector<int64_t>{qwen.eos_id()});
+    CHECK(llama.bos_id() == llama.token_id("<|begin_of_text|>"));
+    CHECK(llama.pad_id() == -1);
+    CHECK(qwen.vocab_size() == 2709);
+    // generation_config.json's eos_token_id list replaces the stop ids
+    EditedTokenizer d("stops", [](nlohmann::json&) {});
+    std::ofstream(d.dir + "/generation_config.json") << R"({"eos_token_id": [1, 2]})";
+    std::ofstream(d.dir + "/tokenizer_config.json") << R"({"eos_token": {"content": "<|im_end|>"}, "pad_token": null})";
+    const HFTokenizer t(d.dir);
+    CHECK(t.stop_ids() == std::vector<int64_t>{1, 2});
+    CHECK(t.eos_id() == t.token_id("<|im_end|>"));
+    CHECK(t.pad_id() == -1);
+    std::ofstream(d.dir + "/tokenizer_config.json") << R"({"eos_token": "<|nope|>"})";
+    CHECK(hf_error([&] { HFTokenizer x(d.dir); }).find("eos_token \"<|nope|>\" is not a token") != std::string::npos);
+  }
+
+  TEST_CASE("refusals name the file, the field and what is supported") {
+    auto refused = [](const std::string& tag, const std::function<void(nlohmann::json&)>& edit) {
+      EditedTokenizer d(tag, edit);
+      return hf_error([&] { HFTokenizer t(d.dir); });
+    };
+    const auto wp = refused("wordpiece", [](auto& j) { j["model"]["type"] = "WordPiece"; });
+    CHECK(wp.find("model.type = \"WordPiece\" is not supported") != std::string::npos);
+    CHECK(wp.find("tokenizer.json") != std::string::npos);
+    CHECK(wp.find("BPE models") != std::string::npos);
+    CHECK(refused("unigram", [](auto& j) { j["model"]["type"] = "Unigram"; }).find("\"Unigram\" is not supported") != std::string::npos);
+    CHECK(refused("dropout", [](auto& j) { j["model"]["dropout"] = 0.1; }).find("model.dropout") != std::string::npos);
+    CHECK(refused("pre", [](auto& j) { j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Whitespace"}}; })
+              .find("pre_tokenizer.pretokenizers[0].type = \"Whitespace\" is not supported") != std::string::npos);
+    CHECK(refused("norm", [](auto& j) { j["normalizer"] = {{"type", "BertNormalizer"}}; }).find("normalizer.type") != std::string::npos);
+    CHECK(refused("dec", [](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }).find("decoder.type") != std::string::npos);
+    CHECK(refused("merge", [](auto& j) { j["model"]["merges"][0] = {"nope", "x"}; }).find("model.merges[0]") != std::string::npos);
+    CHECK(refused("regex", [](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; })
+              .find("the regex does not compile") != std::string::npos);
+    CHECK(refused("behavior", [](auto& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; })
+              .find("behavior Isolated") != std::string::npos);
+    // not JSON, no file, invalid UTF-8 text
+    EditedTokenizer bad("json", [](auto&) {});
+    std::ofstream(bad.dir + "/tokenizer.json") << "{\"model\": ";
+    CHECK(hf_error([&] { HFTokenizer t(bad.dir); }).find("is not valid JSON") != std::string::npos);
+    CHECK(hf_error([] { HFTokenizer t("/nonexistent"); }).find("does not exist") != std::string::npos);
+    const HFTokenizer qwen(tokenizer_fixture("qwen2"));
+    CHECK(hf_error([&] { (void)qwen.encode("ab\xC3(", false); }).find("not valid UTF-8 (byte 2)") != std::string::npos);
+    CHECK(hf_error([&] { (void)qwen.decode({qwen.vocab_size()}); }).find("outside the vocabulary") != std::string::npos);
+  }
+}
+#endif
