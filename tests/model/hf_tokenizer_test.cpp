@@ -7,12 +7,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
+#include "hybridrl/data/dataset.hpp"
 #include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/tokenizer/chat.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 #if HYBRIDRL_WITH_PCRE2 && HYBRIDRL_WITH_ICU
 #include "hybridrl/tokenizer/hf_tokenizer.hpp"
@@ -164,6 +167,61 @@ TEST_SUITE("model/hf_tokenizer") {
     const HFTokenizer qwen(tokenizer_fixture("qwen2"));
     CHECK(hf_error([&] { (void)qwen.encode("ab\xC3(", false); }).find("not valid UTF-8 (byte 2)") != std::string::npos);
     CHECK(hf_error([&] { (void)qwen.decode({qwen.vocab_size()}); }).find("outside the vocabulary") != std::string::npos);
+  }
+
+  TEST_CASE("chat formats: the checkpoint's template recognised, ids equal transformers' apply_chat_template") {
+    for (const std::string style : {"qwen2", "llama3"}) {
+      CAPTURE(style);
+      const HFTokenizer tok(tokenizer_fixture(style));
+      const auto f = tok.chat_format();
+      REQUIRE(f.has_value());
+      CHECK(f->name == (style == "qwen2" ? "chatml" : "llama3"));
+      if (style == "qwen2") CHECK(f->default_system == "You are a helpful assistant.");
+      std::ifstream in(tokenizer_fixture(style) + "/chat.jsonl");
+      std::string line;
+      int n = 0;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        CAPTURE(j["messages"].dump());
+        CHECK(f->render(j["messages"]) == j["text"].get<std::string>());
+        CHECK(tok.encode(tok.render_chat(j["messages"]), false) == j["ids"].get<std::vector<int64_t>>());
+        ++n;
+      }
+      CHECK(n == 10);
+    }
+    // by name; an unknown template is not guessed; errors name the problem
+    CHECK(ChatFormat::named("llama3").bos == "<|begin_of_text|>");
+    CHECK(!ChatFormat::from_template("{{ messages[0]['content'] }}").has_value());
+    CHECK(hf_error([] { (void)ChatFormat::named("vicuna"); }).find("\"vicuna\" is not built in") != std::string::npos);
+    CHECK(hf_error([] { (void)ChatFormat::chatml().render(nlohmann::json::array()); }).find("not a non-empty list") != std::string::npos);
+    CHECK(hf_error([] { (void)ChatFormat::chatml().render(nlohmann::json::parse(R"([{"role": "user"}])")); })
+              .find("messages[0] is not") != std::string::npos);
+    const HFTokenizer fallback(tokenizer_fixture("fallback"));  // its config has no chat_template
+    CHECK(hf_error([&] { (void)fallback.render_chat(nlohmann::json::parse(R"([{"role": "user", "content": "x"}])")); })
+              .find("chat_template is missing") != std::string::npos);
+  }
+
+  TEST_CASE("PromptDataset: a `messages` line is rendered by the tokenizer's chat format") {
+    const HFTokenizer tok(tokenizer_fixture("qwen2"));
+    std::ifstream in(tokenizer_fixture("qwen2") + "/chat.jsonl");
+    std::string first;
+    std::getline(in, first);
+    const auto want = nlohmann::json::parse(first);
+    std::stringstream jsonl;
+    jsonl << nlohmann::json{{"messages", want["messages"]}, {"answer", "42"}}.dump() << "\n"
+          << nlohmann::json{{"prompt", "plain text"}}.dump() << "\n";
+    const auto d = PromptDataset::from_stream(jsonl, "<chat>", tok);
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].prompt_ids == want["ids"].get<std::vector<int64_t>>());
+    CHECK(d[1].prompt_ids == tok.encode("plain text", true));
+    std::stringstream both;
+    both << R"({"prompt": "x", "messages": [{"role": "user", "content": "x"}]})" << "\n";
+    CHECK(hf_error([&] { (void)PromptDataset::from_stream(both, "<both>", tok); }).find("both \"prompt\" and \"messages\"") !=
+          std::string::npos);
+    std::stringstream no_chat;
+    no_chat << R"({"messages": [{"role": "user", "content": "x"}]})" << "\n";
+    CHECK(hf_error([&] { (void)PromptDataset::from_stream(no_chat, "<bytes>", ByteTokenizer{}); })
+              .find("the tokenizer has no chat format") != std::string::npos);
   }
 }
 #endif

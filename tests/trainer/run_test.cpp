@@ -146,6 +146,29 @@ TEST_SUITE("trainer/run") {
     CHECK(mentions(run_error([] { (void)read_run_sources("/nonexistent/run.yaml", {}); }), "cannot open the configuration"));
   }
 
+  TEST_CASE("a checkpoint's tokenizer: tokenizer.json first, its chat format, the files to copy; model.chat_format") {
+#if HYBRIDRL_WITH_PCRE2 && HYBRIDRL_WITH_ICU
+    const std::string dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/tokenizers/qwen2";
+    std::vector<std::string> files;
+    const auto tok = load_checkpoint_tokenizer(dir, &files);
+    REQUIRE(tok.has_value());
+    CHECK(tok->vocab_size() == HFTokenizer(dir).vocab_size());
+    CHECK(tok->encode("12 + 30", false) == HFTokenizer(dir).encode("12 + 30", false));
+    REQUIRE(tok->chat.has_value());
+    CHECK(tok->chat->name == "chatml");
+    CHECK(files == std::vector<std::string>{dir + "/tokenizer.json", dir + "/tokenizer_config.json"});
+#endif
+    CHECK(!load_checkpoint_tokenizer(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama").has_value());
+    CHECK(mentions(run_error([] {
+                     (void)configure_run<GRPOTrainer>(
+                         run_sources({"task.name=reverse", "model.init=tiny", "model.chat_format=vicuna"}).sources);
+                   }),
+                   "chat_format = \"vicuna\" is not one of auto, chatml, llama3, none"));
+    // the byte tokenizer has no chat format: a conversation prompt is refused with the fix
+    const auto bytes = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+    CHECK(mentions(run_error([&] { (void)bytes.render_chat(nlohmann::json::array()); }), "no chat format is set"));
+  }
+
   TEST_CASE("tiny_llama: the model.init=tiny shape, reproducible from its seed") {
     auto a = tiny_llama(7), b = tiny_llama(7), c = tiny_llama(8);
     CHECK(a->config().num_hidden_layers == 2);

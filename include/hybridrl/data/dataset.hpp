@@ -1,8 +1,10 @@
 #pragma once
 /// \file
 /// Datasets read from JSONL (one JSON object per line) and tokenised once, ahead of training:
-/// - PromptDataset: `prompt` (string), optional `answer` (string or number), optional
-///   `data_source` (string); every other field is kept in the "extra" column.
+/// - PromptDataset: `prompt` (string) — or `messages` (a conversation, [{"role", "content"}],
+///   rendered by the tokenizer's chat format when it has one: `render_chat`) —, optional `answer`
+///   (string or number), optional `data_source` (string); every other field is kept in the
+///   "extra" column.
 /// - PreferenceDataset (DPO): `prompt`, `chosen`, `rejected` (strings).
 /// - LabelledDataset (KTO): `prompt`, `completion` (strings), `label` (true = desirable).
 /// A malformed line (bad JSON or nesting deeper than 64, missing field, wrong type, empty text,
@@ -349,7 +351,26 @@ class PromptDataset : public detail::DatasetStorage<PromptDataset, PromptSample>
     d.samples_ = detail::read_jsonl<PromptSample>(
         in, source, options, d.stats_, [&](nlohmann::json obj, int64_t line) {
           PromptSample s;
-          const auto& prompt = detail::require_text(obj, "prompt");
+          // a conversation: the chat format's text (its own special tokens: no BOS added)
+          if (obj.contains("messages")) {
+            if (obj.contains("prompt")) {
+              throw detail::LineFailure{LineError::wrong_type, "both \"prompt\" and \"messages\" are set: give one"};
+            }
+            if constexpr (requires(const nlohmann::json& m) { { tok.render_chat(m) } -> std::convertible_to<std::string>; }) {
+              std::string text;
+              try {
+                text = tok.render_chat(obj["messages"]);
+              } catch (const Error& e) {
+                throw detail::LineFailure{LineError::wrong_type, e.what()};
+              }
+              s.prompt_ids = tok.encode(text, false);
+            } else {
+              throw detail::LineFailure{LineError::wrong_type,
+                                        "the line has \"messages\" but the tokenizer has no chat format (render_chat)"};
+            }
+          } else {
+            s.prompt_ids = tok.encode(detail::require_text(obj, "prompt"), options.add_bos());
+          }
           if (auto it = obj.find("answer"); it != obj.end() && !it->is_null() && !it->is_string() &&
                                             !it->is_number()) {
             throw detail::LineFailure{
@@ -358,7 +379,6 @@ class PromptDataset : public detail::DatasetStorage<PromptDataset, PromptSample>
           }
           s.data_source = detail::optional_string(obj, "data_source", fallback_source);
           s.uid = detail::uid_of(obj, source, line);
-          s.prompt_ids = tok.encode(prompt, options.add_bos());
           detail::check_length(static_cast<int64_t>(s.prompt_ids.size()), options.max_prompt_length(),
                                "the prompt", "max_prompt_length");
           detail::check_length(static_cast<int64_t>(s.prompt_ids.size()), options.max_length(),

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/tokenizer/chat.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 
 #if HYBRIDRL_WITH_PCRE2
@@ -386,6 +387,19 @@ class HFTokenizer {
   }
   /// tokenizer_config.json's chat_template ("" when absent).
   [[nodiscard]] const std::string& chat_template() const noexcept { return chat_template_; }
+  /// The built-in chat format recognised in chat_template() (ChatML, Llama-3), or nullopt.
+  [[nodiscard]] std::optional<ChatFormat> chat_format() const { return ChatFormat::from_template(chat_template_); }
+  /// The text of a conversation in chat_format() (PromptDataset's `messages`); an Error naming
+  /// the fix when the template is not a built-in format.
+  [[nodiscard]] std::string render_chat(const nlohmann::json& messages) const {
+    const auto f = chat_format();
+    HYBRIDRL_CHECK(f.has_value(),
+                   fmt::format("'{}': the prompt is a conversation but the tokenizer_config.json chat_template is {}", file_,
+                               chat_template_.empty() ? "missing" : "neither ChatML nor Llama-3"),
+                   "render it with a ChatFormat of your own (ChatFormat::chatml(), llama3(), or fields filled in), or "
+                   "set model.chat_format");
+    return f->render(messages);
+  }
   /// The tokenizer.json this was loaded from.
   [[nodiscard]] const std::string& file() const noexcept { return file_; }
 
@@ -874,28 +888,11 @@ class HFTokenizer {
 #endif
   }
 
-  void split([[maybe_unused]] const detail::hf::PreTokenizer& p, const std::string& s, std::vector<std::string>& out) const {
-    if (!p.regex) {  // a String pattern, Isolated: the pattern as its own piece
-      size_t i = 0;
-      while (true) {
-        const auto j = p.pattern.empty() ? std::string::npos : s.find(p.pattern, i);
-        if (j == std::string::npos) break;
-        if (j > i) out.push_back(s.substr(i, j - i));
-        out.push_back(p.pattern);
-        i = j + p.pattern.size();
-      }
-      if (i < s.size()) out.push_back(s.substr(i));
-      return;
-    }
-#if HYBRIDRL_WITH_PCRE2
-    size_t last = 0;
-    p.re->for_each_match(s, [&](size_t b, size_t e) {
-      if (b > last) out.push_back(s.substr(last, b - last));  // the text between matches is a piece too
-      out.push_back(s.substr(b, e - b));
-      last = e;
-    });
-    if (last < s.size()) out.push_back(s.substr(last));
-#endif
+  /// split_views with the pieces copied (the general path, whose steps rewrite the text).
+  void split(const detail::hf::PreTokenizer& p, const std::string& s, std::vector<std::string>& out) const {
+    std::vector<std::string_view> views;
+    split_views(p, s, views);
+    for (const auto v : views) out.emplace_back(v);
   }
 
   /// BPE on one pre-token: its characters' ids (`bytes`: its raw bytes through GPT-2's byte map),

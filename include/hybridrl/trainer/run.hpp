@@ -47,6 +47,7 @@
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/tokenizer/chat.hpp"
 #include "hybridrl/tokenizer/hf_tokenizer.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 #include "hybridrl/trainer/presets.hpp"
@@ -87,7 +88,10 @@ struct RunModelOptions {
   /// PPO's critic: a `...ForTokenClassification` checkpoint, or a policy checkpoint whose trunk
   /// starts the critic (score head fresh); empty: the policy's own trunk, a fresh score head.
   HYBRIDRL_ARG(std::string, critic_path) = "";
-  HYBRIDRL_FIELDS(path, init, dtype, device, critic_path)
+  /// How `messages` prompts become text: auto (the chat_template of the checkpoint's
+  /// tokenizer_config.json, when it is ChatML or Llama-3), chatml, llama3, or none.
+  HYBRIDRL_ARG(std::string, chat_format) = "auto";
+  HYBRIDRL_FIELDS(path, init, dtype, device, critic_path, chat_format)
 
   void validate() const {
     HYBRIDRL_CHECK(path_.empty() != init_.empty(),
@@ -96,6 +100,9 @@ struct RunModelOptions {
     HYBRIDRL_CHECK(init_.empty() || init_ == "tiny", fmt::format("init = \"{}\" is not a built-in model", init_),
                    "use model.init=tiny");
     check_device_option(device_);
+    HYBRIDRL_CHECK(chat_format_ == "auto" || chat_format_ == "chatml" || chat_format_ == "llama3" || chat_format_ == "none",
+                   fmt::format("chat_format = \"{}\" is not one of auto, chatml, llama3, none", chat_format_),
+                   "use model.chat_format=auto (the checkpoint's chat_template), chatml, llama3 or none");
   }
 };
 
@@ -153,6 +160,15 @@ struct AnyTokenizer {
   std::function<std::vector<int64_t>(std::string_view, bool)> encode_fn;
   std::function<std::string(const std::vector<int64_t>&)> decode_fn;
   int64_t vocab = 0, bos = -1, eos = -1, pad = -1;
+  std::optional<ChatFormat> chat;  ///< how `messages` prompts become text (none: they are an error)
+
+  /// The text of a conversation in the chat format (PromptDataset's `messages`).
+  [[nodiscard]] std::string render_chat(const nlohmann::json& messages) const {
+    HYBRIDRL_CHECK(chat.has_value(), "the prompt is a conversation (\"messages\") but no chat format is set",
+                   "use a checkpoint whose tokenizer_config.json has a ChatML or Llama-3 chat_template, or set "
+                   "model.chat_format=chatml or llama3");
+    return chat->render(messages);
+  }
 
   [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool add_bos = true) const { return encode_fn(text, add_bos); }
   [[nodiscard]] std::string decode(const std::vector<int64_t>& ids) const { return decode_fn(ids); }
@@ -170,6 +186,7 @@ struct AnyTokenizer {
     a.bos = t->bos_id();
     a.eos = t->eos_id();
     a.pad = t->pad_id();
+    if constexpr (requires { t->chat_format(); }) a.chat = t->chat_format();
     return a;
   }
 };
@@ -254,6 +271,8 @@ inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed) {
     out.policy = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(device));
     out.tokenizer = tok ? *tok : AnyTokenizer::of(std::make_shared<ByteTokenizer>());
   }
+  if (mo.chat_format() == "none") out.tokenizer.chat.reset();
+  if (mo.chat_format() == "chatml" || mo.chat_format() == "llama3") out.tokenizer.chat = ChatFormat::named(mo.chat_format());
   check_vocabulary(out.tokenizer, out.policy->config());
   return out;
 }
