@@ -628,9 +628,6 @@ class HFTokenizer {
       }
       return;
     }
-    if (type == "BertProcessing" || type == "RobertaProcessing") {
-      unsupported(where + ".type", "\"" + type + "\"", "post-processors TemplateProcessing, ByteLevel, Sequence");
-    }
     unsupported(where + ".type", "\"" + type + "\"", "post-processors TemplateProcessing, ByteLevel, Sequence");
   }
 
@@ -1014,20 +1011,17 @@ class HFTokenizer {
           for (auto& p : pieces) {
             std::string bytes;
             size_t i = 0;
-            bool all = true;
             std::string_view sv(p);
             while (i < sv.size()) {
               const size_t at = i;
               const auto cp = detail::hf::next_code_point(sv, i);
               const int b = detail::hf::byte_of_char(cp);
               if (b < 0) {  // not a byte-level character (an added token's text): as it is
-                all = false;
                 bytes.append(sv.substr(at, i - at));
               } else {
                 bytes.push_back(static_cast<char>(b));
               }
             }
-            (void)all;
             p = std::move(bytes);
           }
           break;

@@ -615,15 +615,7 @@ class TrainerRegistry {
   }
 
   static std::string nearest_hint(const std::string& name, const std::vector<std::string>& names) {
-    std::string best;
-    std::size_t best_d = 3;  // suggest only close spellings
-    for (const auto& n : names) {
-      const auto d = detail::edit_distance(name, n);
-      if (d < best_d) {
-        best_d = d;
-        best = n;
-      }
-    }
+    const auto best = detail::nearest_key(name, names);  // the configuration's did-you-mean
     return best.empty() ? std::string() : fmt::format(" (did you mean {}?)", best);
   }
 
