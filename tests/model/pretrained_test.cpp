@@ -146,7 +146,8 @@ FixtureDiffs compare_with_hf(CausalLM& m, const std::map<std::string, at::Tensor
 
 TEST_SUITE("model/pretrained") {
   TEST_CASE("tiny HF checkpoints: our logits equal transformers' fp32 logits") {
-    for (const std::string name : {"llama", "mistral", "qwen2"}) {
+    // qwen2_swa: Qwen2 with use_sliding_window, layer 0 full and layer 1 a 4-key window over 12 tokens
+    for (const std::string name : {"llama", "mistral", "qwen2", "qwen2_swa"}) {
       CAPTURE(name);
       const auto dir = kModels + "/" + name;
       REQUIRE_MESSAGE(fs::exists(dir + "/config.json"),
@@ -179,6 +180,49 @@ TEST_SUITE("model/pretrained") {
     CHECK(qwen.qkv_bias);
     CHECK(qwen.dtype == "bfloat16");
     CHECK(qwen.num_key_value_heads == 2);
+    CHECK_FALSE(qwen.sliding_window.has_value());  // use_sliding_window false
+    CHECK_FALSE(qwen.layer_window(1).has_value());
+    auto swa = load_config(kModels + "/qwen2_swa");
+    CHECK(swa.sliding_window == 4);
+    CHECK(swa.layer_types == std::vector<std::string>{"full_attention", "sliding_attention"});
+    CHECK_FALSE(swa.layer_window(0).has_value());
+    CHECK(swa.layer_window(1) == 4);
+    CHECK(swa.mixed_windows());
+    CHECK(mistral.layer_window(0) == 6);  // Mistral: every layer
+    CHECK(mistral.layer_window(1) == 6);
+    CHECK_FALSE(mistral.mixed_windows());
+  }
+
+  TEST_CASE("Qwen2 sliding window: the window changes the logits, and layer_types follows max_window_layers") {
+    // the fixture's window bites: the same weights with full attention give other logits than HF's
+    auto ref = load_safetensors(kModels + "/qwen2_swa/hf_logits.safetensors");
+    auto j = nlohmann::json::parse(read_file(kModels + "/qwen2_swa/config.json"));
+    j["use_sliding_window"] = false;
+    {
+      torch::NoGradGuard g;
+      CausalLM full(config_from_json(j));
+      auto windowed = load_causal_lm(kModels + "/qwen2_swa");
+      for (const auto& p : windowed->named_parameters()) full->named_parameters()[p.key()].copy_(p.value());
+      const auto ids = ref.at("unpadded.input_ids");
+      CHECK(max_diff(windowed->forward(ids), ref.at("unpadded.logits")) <= 1e-4);
+      CHECK(max_diff(full->forward(ids), ref.at("unpadded.logits")) > 1e-2);
+      // the first 4 positions see no more than the window either way
+      CHECK(max_diff(full->forward(ids.narrow(1, 0, 4)), ref.at("unpadded.logits").narrow(1, 0, 4)) <= 1e-4);
+    }
+    // without layer_types, transformers' rule: layers >= max_window_layers slide
+    j = nlohmann::json::parse(read_file(kModels + "/qwen2_swa/config.json"));
+    j.erase("layer_types");
+    j["num_hidden_layers"] = 4;
+    j["max_window_layers"] = 3;
+    auto c = config_from_json(j);
+    CHECK(c.layer_types ==
+          std::vector<std::string>{"full_attention", "full_attention", "full_attention", "sliding_attention"});
+    j["max_window_layers"] = 0;
+    CHECK_FALSE(config_from_json(j).mixed_windows());  // all slide
+    CHECK(config_from_json(j).layer_window(0) == 4);
+    j["use_sliding_window"] = false;  // off: no window anywhere, whatever sliding_window says
+    CHECK_FALSE(config_from_json(j).layer_window(3).has_value());
+    CHECK(config_to_json(config_from_json(j))["sliding_window"] == 4);  // the user's unused value kept
   }
 
   TEST_CASE("config: transformers 4.x spelling (rope_theta + rope_scaling) reads and writes back") {
@@ -417,7 +461,15 @@ TEST_SUITE("model/pretrained") {
       auto j = small_config();
       j["architectures"] = {"Qwen2ForCausalLM"};
       j["use_sliding_window"] = true;
-      CHECK(config_error(j).find("use_sliding_window = true (Qwen2) is not supported yet") != std::string::npos);
+      CHECK(config_error(j).find("use_sliding_window = true (Qwen2) but sliding_window is null") != std::string::npos);
+      j["sliding_window"] = 8;
+      j["layer_types"] = {"full_attention", "sliding_attention"};
+      CHECK(config_error(j).find("layer_types has 2 entries but num_hidden_layers = 1") != std::string::npos);
+      j["num_hidden_layers"] = 2;
+      j["layer_types"] = {"full_attention", "chunked_attention"};
+      CHECK(config_error(j).find("layer_types[1] = 'chunked_attention' is not supported") != std::string::npos);
+      j["layer_types"] = "sliding_attention";
+      CHECK(config_error(j).find("layer_types is not a list") != std::string::npos);
     }
     TempDir d("deepcfg");  // deep nesting: an Error, not a stack overflow in the recursive copy
     write_file(d.path / "config.json", "{\"x\": " + std::string(200000, '[') + std::string(200000, ']') + "}");
@@ -426,7 +478,7 @@ TEST_SUITE("model/pretrained") {
   }
 
   TEST_CASE("config_to_json reproduces the transformers-written fixture config.json key by key") {
-    for (const std::string name : {"llama", "mistral", "qwen2"}) {
+    for (const std::string name : {"llama", "mistral", "qwen2", "qwen2_swa"}) {
       CAPTURE(name);
       const auto hf = nlohmann::json::parse(read_file(kModels + "/" + name + "/config.json"));
       // from the parsed fields only (raw emptied), so nothing is merely copied through
@@ -447,7 +499,7 @@ TEST_SUITE("model/pretrained") {
         CAPTURE(key);
         CHECK(ours.contains(key));
       }
-      CHECK(ours.contains("head_dim") == (name != "qwen2"));  // Qwen2Config derives it
+      CHECK(ours.contains("head_dim") == (name.rfind("qwen2", 0) != 0));  // Qwen2Config derives it
       // and with raw kept, the whole file round-trips
       CHECK(config_to_json(load_config(kModels + "/" + name)) == hf);
     }

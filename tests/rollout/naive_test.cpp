@@ -55,7 +55,7 @@ TEST_SUITE("rollout/naive") {
     std::ifstream in(kRolloutModels + "/hf_greedy.json");
     REQUIRE(in.good());
     const auto ref = nlohmann::json::parse(in);
-    for (std::string name : {"llama", "mistral", "qwen2"}) {
+    for (std::string name : {"llama", "mistral", "qwen2", "qwen2_swa"}) {  // qwen2_swa: mixed full / window layers
       CAPTURE(name);
       const auto prompts = ref.at(name).at("prompts").get<std::vector<std::vector<int64_t>>>();
       const auto greedy = ref.at(name).at("greedy").get<std::vector<std::vector<int64_t>>>();

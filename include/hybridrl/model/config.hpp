@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -51,10 +52,26 @@ struct ModelConfig {
   bool mlp_bias = false;               ///< bias on gate/up/down (Llama `mlp_bias`)
   bool tie_word_embeddings = false;    ///< lm_head shares the embedding matrix
   std::optional<int64_t> sliding_window;  ///< Mistral / Qwen2 local attention window (keys)
+  /// Per-layer attention kind, HF's `layer_types`: "sliding_attention" layers use sliding_window,
+  /// "full_attention" layers see every earlier key. Empty: every layer uses sliding_window
+  /// (Mistral). Qwen2 derives it from use_sliding_window and max_window_layers.
+  std::vector<std::string> layer_types;
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
   std::string dtype = "float32";       ///< the checkpoint's stored dtype (`dtype`/`torch_dtype`)
   nlohmann::json raw = nlohmann::json::object();  ///< the config.json this was read from
+
+  /// The attention window of layer `i`: sliding_window on a sliding layer, none on a full one.
+  [[nodiscard]] std::optional<int64_t> layer_window(int64_t i) const {
+    if (!sliding_window || layer_types.empty()) return sliding_window;
+    return layer_types[static_cast<size_t>(i)] == "sliding_attention" ? sliding_window : std::nullopt;
+  }
+  /// True when some layers slide and others do not (the forward then builds two masks).
+  [[nodiscard]] bool mixed_windows() const {
+    if (!sliding_window || layer_types.empty()) return false;
+    const auto n = std::count(layer_types.begin(), layer_types.end(), "sliding_attention");
+    return n > 0 && n < static_cast<std::ptrdiff_t>(layer_types.size());
+  }
 
   /// Checks the numbers are consistent; throws Error whose problem starts with the field's name.
   void validate() const {
@@ -87,6 +104,15 @@ struct ModelConfig {
                    fmt::format("sliding_window = {} must be positive (or null for full attention)",
                                sliding_window.value_or(0)),
                    fix);
+    HYBRIDRL_CHECK(layer_types.empty() || static_cast<int64_t>(layer_types.size()) == num_hidden_layers,
+                   fmt::format("layer_types has {} entries but num_hidden_layers = {}", layer_types.size(),
+                               num_hidden_layers),
+                   "give one \"full_attention\" or \"sliding_attention\" per layer (or leave layer_types out)");
+    for (size_t i = 0; i < layer_types.size(); ++i) {
+      HYBRIDRL_CHECK(layer_types[i] == "full_attention" || layer_types[i] == "sliding_attention",
+                     fmt::format("layer_types[{}] = '{}' is not supported", i, layer_types[i]),
+                     "hybridrl's layers are \"full_attention\" or \"sliding_attention\"");
+    }
     HYBRIDRL_CHECK(rope_scaling.type == "default" || rope_scaling.type == "linear" ||
                        rope_scaling.type == "llama3",
                    fmt::format("rope_scaling.rope_type = '{}' is not supported", rope_scaling.type),
@@ -205,12 +231,26 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
       if (!j.contains(key) || !j[key].is_number_integer()) return std::nullopt;
       return j[key].get<int64_t>();
     };
-    if (prefix == "Mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-      c.sliding_window = detail::json_or<int64_t>(j, "sliding_window", 0);
+    const bool has_window = j.contains("sliding_window") && !j["sliding_window"].is_null();
+    if (prefix == "Mistral" && has_window) c.sliding_window = detail::json_int(j, "sliding_window");
+    // Qwen2 (as transformers' Qwen2Config): the window applies only with use_sliding_window, and
+    // only on the layers layer_types marks sliding (by default layers >= max_window_layers).
+    if (prefix == "Qwen2" && detail::json_or<bool>(j, "use_sliding_window", false)) {
+      HYBRIDRL_CHECK(has_window, "use_sliding_window = true (Qwen2) but sliding_window is null",
+                     "give sliding_window (the window in tokens) or set use_sliding_window to false");
+      c.sliding_window = detail::json_int(j, "sliding_window");
     }
-    HYBRIDRL_CHECK(!(prefix == "Qwen2" && detail::json_or<bool>(j, "use_sliding_window", false)),
-                   "use_sliding_window = true (Qwen2) is not supported yet",
-                   "set use_sliding_window to false (published Qwen2 checkpoints ship with it off)");
+    // (Mistral's modeling ignores layer_types: its window is on every layer)
+    if (prefix == "Qwen2" && j.contains("layer_types") && !j["layer_types"].is_null()) {
+      HYBRIDRL_CHECK(j["layer_types"].is_array(), "layer_types is not a list",
+                     "give one \"full_attention\" or \"sliding_attention\" per layer");
+      c.layer_types = j["layer_types"].get<std::vector<std::string>>();
+    } else if (prefix == "Qwen2" && c.sliding_window) {
+      const auto first = detail::json_or<int64_t>(j, "max_window_layers", 28);
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        c.layer_types.emplace_back(i >= first ? "sliding_attention" : "full_attention");
+      }
+    }
     c.bos_token_id = id("bos_token_id");
     c.eos_token_id = id("eos_token_id");
     c.pad_token_id = id("pad_token_id");
@@ -287,6 +327,20 @@ inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& ar
   }
   if (c.model_type == "mistral") {
     j["sliding_window"] = c.sliding_window ? nlohmann::json(*c.sliding_window) : nlohmann::json(nullptr);
+  }
+  if (c.model_type == "qwen2") {
+    // with the window off, published configs keep a sliding_window value (unused): leave it
+    j["use_sliding_window"] = c.sliding_window.has_value();
+    if (c.sliding_window) {
+      j["sliding_window"] = *c.sliding_window;
+    } else if (!j.contains("sliding_window")) {
+      j["sliding_window"] = nullptr;
+    }
+  }
+  if (!c.layer_types.empty()) {
+    j["layer_types"] = c.layer_types;
+  } else if (c.model_type == "qwen2") {
+    j.erase("layer_types");  // transformers derives it from max_window_layers
   }
   nlohmann::json rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta}};
   if (c.rope_scaling.type != "default") rope["factor"] = c.rope_scaling.factor;

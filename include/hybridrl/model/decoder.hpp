@@ -158,13 +158,18 @@ class DecoderImpl : public torch::nn::Module {
       pos = key_valid.defined() ? detail::positions_from_mask(key_valid)
                                 : at::arange(T, at::TensorOptions().dtype(at::kLong).device(dev)).expand({B, T});
     }
-    auto mask = detail::attention_mask(B, T, T, 0, key_valid, seg, seg, config_.sliding_window, dev);
-    return run(ids, pos, mask, nullptr);
+    // one mask per kind of layer: Qwen2 may mix full and sliding-window layers
+    const bool mixed = config_.mixed_windows();
+    LayerMasks masks;
+    masks.all = detail::attention_mask(B, T, T, 0, key_valid, seg, seg,
+                                       mixed ? std::nullopt : config_.layer_window(0), dev);
+    if (mixed) masks.sliding = detail::attention_mask(B, T, T, 0, key_valid, seg, seg, config_.sliding_window, dev);
+    return run(ids, pos, masks, nullptr);
   }
 
   /// Hidden states of `input_ids` at `positions` with attention done by `attn_fn` (KV caches).
   at::Tensor forward_with_attention(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionFn& attn_fn) {
-    return run(input_ids, positions.to(input_ids.device()), {}, attn_fn);
+    return run(input_ids, positions.to(input_ids.device()), LayerMasks{}, attn_fn);
   }
 
   /// Installs the per-layer runner (default_layer_runner() when empty): a sharding engine composes
@@ -191,15 +196,25 @@ class DecoderImpl : public torch::nn::Module {
                    fmt::format("pass {} [B, T] matching input_ids", what));
   }
 
-  at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask, const AttentionFn& attn_fn) {
+  // The "may attend" mask of every layer (undefined = plain causal) or, where the config mixes
+  // full and sliding-window layers, of the full ones, with `sliding` for the others.
+  struct LayerMasks {
+    at::Tensor all, sliding;
+  };
+
+  at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const LayerMasks& masks, const AttentionFn& attn_fn) {
     if (ids.device().is_cpu()) check_token_ids(ids, config_.vocab_size);  // CUDA: no sync per forward
     auto h = embed_tokens(ids);
     // the fp32 frequencies on the ids' device, copied once (no host-to-device copy per forward,
     // so a forward can be captured in a CUDA graph)
     if (!inv_freq_here_.defined() || inv_freq_here_.device() != ids.device()) inv_freq_here_ = inv_freq_.to(ids.device());
     auto [cos, sin] = rope_cos_sin(inv_freq_here_, pos, h.scalar_type());
-    LayerContext ctx{cos, sin, mask, true, attn_fn};
-    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) h = runner_(i, *layer(i), h, ctx);
+    LayerContext ctx{cos, sin, masks.all, true, attn_fn};
+    const bool mixed = masks.sliding.defined();
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+      if (mixed) ctx.mask = config_.layer_window(i) ? masks.sliding : masks.all;
+      h = runner_(i, *layer(i), h, ctx);
+    }
     return norm(h);
   }
 

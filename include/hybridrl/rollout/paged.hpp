@@ -205,14 +205,28 @@ class PagedEngine {
       for (auto q : qlens) decode_only = decode_only && q == 1;
       const auto path = paged_attention_path(device_, dtype_, decode_only, c.num_attention_heads,
                                              c.num_key_value_heads, c.head_dim, HYBRIDRL_PAGED_CUDA_GRAPHS != 0);
-      const auto meta =
-          PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_, path);
-      auto fn = [this, &meta, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      // a model mixing full and sliding-window layers (Qwen2) gets the step's metadata twice:
+      // only the reference path's masks depend on the window, the kernels take it as an argument
+      const bool mixed = c.mixed_windows();
+      const auto meta = PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(),
+                                                     mixed ? std::nullopt : c.layer_window(0), device_, path);
+      PagedAttentionMetadata sliding;
+      if (mixed) {
+        if (meta.groups.empty()) {
+          sliding = meta;
+          sliding.sliding_window = c.sliding_window;
+        } else {
+          sliding = PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_, path);
+        }
+      }
+      auto fn = [this, &meta, &sliding, &c, mixed, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v) {
+        const auto& m = mixed && c.layer_window(layer) ? sliding : meta;
         auto kc = kv_[layer][0];
         auto vc = kv_[layer][1];
         const auto ks = k[0].transpose(0, 1), vs = v[0].transpose(0, 1);
-        write_kv_to_cache(ks, vs, kc, vc, meta.slot_mapping);
-        return paged_attention(q[0].transpose(0, 1), kc, vc, meta, scale, ks, vs).transpose(0, 1).unsqueeze(0);
+        write_kv_to_cache(ks, vs, kc, vc, m.slot_mapping);
+        return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale, ks, vs).transpose(0, 1).unsqueeze(0);
       };
       const auto T = static_cast<int64_t>(ids.size());
       auto hidden = decoder->forward_with_attention(at::tensor(ids, at::kLong).view({1, T}).to(device_),
@@ -524,14 +538,18 @@ class PagedEngine {
     meta.max_query_len = 1;
     meta.max_context_len = g.width * options_.block_size();
     meta.block_size = options_.block_size();
-    meta.sliding_window = c.sliding_window;
     meta.decode_only = true;
+    PagedAttentionMetadata sliding = meta;  // the decode kernel takes the window per call (Qwen2 mixes)
+    meta.sliding_window = c.mixed_windows() ? std::nullopt : c.layer_window(0);
+    sliding.sliding_window = c.sliding_window;
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-    auto fn = [this, &meta, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    auto fn = [this, &meta, &sliding, &c, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v) {
+      const auto& m = c.layer_window(layer) ? sliding : meta;
       auto kc = kv_[layer][0];
       auto vc = kv_[layer][1];
-      write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, meta.slot_mapping);
-      return paged_attention(q[0].transpose(0, 1), kc, vc, meta, scale).transpose(0, 1).unsqueeze(0);
+      write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, m.slot_mapping);
+      return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale).transpose(0, 1).unsqueeze(0);
     };
     auto hidden = model_->model->forward_with_attention(g.ids.view({1, g.rows}), g.pos.view({1, g.rows}), fn);
     auto logits = model_->logits(hidden[0]);

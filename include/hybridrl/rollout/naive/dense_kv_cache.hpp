@@ -87,10 +87,14 @@ inline at::Tensor forward_decode(CausalLM model, const at::Tensor& input_ids, KV
     pos = key_valid.defined() ? detail::positions_from_mask(key_valid).narrow(1, L0, n)
                               : at::arange(L0, Tk, at::TensorOptions().dtype(at::kLong).device(dev)).expand({B, n});
   }
-  auto mask = detail::attention_mask(B, n, Tk, L0, key_valid, {}, {}, c.sliding_window, dev);
+  // Qwen2 may mix full and sliding-window layers: one mask for each
+  const bool mixed = c.mixed_windows();
+  auto mask = detail::attention_mask(B, n, Tk, L0, key_valid, {}, {}, mixed ? std::nullopt : c.layer_window(0), dev);
+  auto sliding = mixed ? detail::attention_mask(B, n, Tk, L0, key_valid, {}, {}, c.sliding_window, dev) : at::Tensor();
   auto decoder = model->model;
-  auto fn = [&cache, decoder, mask, L0, n, Tk](int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v) {
+  auto fn = [&cache, &c, decoder, full = mask, sliding, mixed, L0, n, Tk](int64_t layer, const at::Tensor& q,
+                                                                      const at::Tensor& k, const at::Tensor& v) {
+    const auto& mask = mixed && c.layer_window(layer) ? sliding : full;
     auto& kc = cache.keys[static_cast<size_t>(layer)];
     auto& vc = cache.values[static_cast<size_t>(layer)];
     kc.narrow(2, L0, n).copy_(k);
