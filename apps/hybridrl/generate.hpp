@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -46,11 +47,16 @@ struct GenerateModelOptions {
   HYBRIDRL_ARG(at::ScalarType, dtype) = at::kFloat;
   /// Device: cpu, cuda, cuda:1, ...
   HYBRIDRL_ARG(std::string, device) = "cpu";
-  HYBRIDRL_FIELDS(path, dtype, device)
+  /// How `messages` lines become text: auto (the checkpoint's tokenizer_config.json chat_template,
+  /// when it is ChatML, Llama-3 or Llama-3.1), chatml, llama3, llama3.1 (its
+  /// dated system header), or none.
+  HYBRIDRL_ARG(std::string, chat_format) = "auto";
+  HYBRIDRL_FIELDS(path, dtype, device, chat_format)
 
   void validate() const {
     HYBRIDRL_CHECK(!path_.empty(), "path is not set", "pass model.path=DIR, a Hugging Face checkpoint directory");
     check_device_option(device_);
+    check_chat_format_option(chat_format_);
   }
 };
 
@@ -118,11 +124,12 @@ struct GenerateOptions {
 struct PromptLine {
   std::vector<int64_t> ids;
   std::optional<std::string> text;
+  std::optional<nlohmann::json> messages;  ///< a conversation, rendered in the chat format
   std::optional<int64_t> seed;
 };
 
-/// Reads the input JSONL: every line must hold prompt_ids (a list of integers) or prompt (a
-/// string), not both; blank lines are skipped. Errors name the file and line.
+/// Reads the input JSONL: every line must hold one of prompt_ids (a list of integers), prompt (a
+/// string) or messages (a conversation); blank lines are skipped. Errors name the file and line.
 inline std::vector<PromptLine> read_prompt_lines(const std::string& path) {
   std::ifstream in(path);
   HYBRIDRL_CHECK(in.good(), fmt::format("cannot open the input '{}'", path), "pass --input with a JSONL file that exists");
@@ -139,12 +146,19 @@ inline std::vector<PromptLine> read_prompt_lines(const std::string& path) {
     }
     HYBRIDRL_CHECK(j.is_object(), fmt::format("{}: not a JSON object", where),
                    "write one object per line, e.g. {\"prompt_ids\": [1, 2, 3]}");
-    const bool has_ids = j.contains("prompt_ids"), has_text = j.contains("prompt");
-    HYBRIDRL_CHECK(has_ids != has_text,
-                   fmt::format("{}: {}", where, has_ids ? "has both prompt_ids and prompt" : "has neither prompt_ids nor prompt"),
-                   "give each line prompt_ids (token ids) or prompt (text), not both");
+    const bool has_ids = j.contains("prompt_ids"), has_text = j.contains("prompt"), has_chat = j.contains("messages");
+    const int given = int{has_ids} + int{has_text} + int{has_chat};
+    HYBRIDRL_CHECK(given == 1,
+                   fmt::format("{}: {}", where, given == 0 ? "has none of prompt_ids, prompt and messages"
+                                                           : "has more than one of prompt_ids, prompt and messages"),
+                   "give each line prompt_ids (token ids), prompt (text) or messages (a conversation), one of them");
     PromptLine p;
-    if (has_ids) {
+    if (has_chat) {
+      HYBRIDRL_CHECK(j["messages"].is_array() && !j["messages"].empty(),
+                     fmt::format("{}: messages is not a non-empty list", where),
+                     "write messages as [{\"role\": \"user\", \"content\": \"...\"}]");
+      p.messages = j["messages"];
+    } else if (has_ids) {
       const auto& a = j["prompt_ids"];
       HYBRIDRL_CHECK(a.is_array() && !a.empty(), fmt::format("{}: prompt_ids is not a non-empty list", where),
                      "write prompt_ids as a list of token ids, e.g. [1, 2, 3]");
@@ -217,7 +231,7 @@ int generate_lines(Engine& engine, const char* engine_name, int64_t prompts_per_
       j["log_probs"] = lp;
       j["finish_reason"] = finish_reason_name(static_cast<FinishReason>(reasons.data_ptr<int64_t>()[b]));
       if (decode) j["response"] = decode(r);
-      const auto text = j.dump() + "\n";
+      const auto text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";  // any decoder's text
       out.write(text.data(), text.size());
     }
     const auto st = engine.stats();
@@ -260,12 +274,26 @@ inline int run_generate(const std::string& input, const std::string& output, con
   auto lines = read_prompt_lines(input);
   std::function<std::string(const std::vector<int64_t>&)> decode;
   bool needs_tokenizer = false;
-  for (const auto& l : lines) needs_tokenizer = needs_tokenizer || l.text.has_value();
-  if (auto tok = load_checkpoint_tokenizer(mo.path())) {  // tokenizer.json or tokenizer.model
-    for (auto& l : lines) {
-      if (l.text) l.ids = tok->encode(*l.text, true);
+  for (const auto& l : lines) needs_tokenizer = needs_tokenizer || l.text.has_value() || l.messages.has_value();
+  std::vector<std::string> tok_files;
+  if (auto tok = load_checkpoint_tokenizer(mo.path(), &tok_files)) {  // tokenizer.json or tokenizer.model
+    tok->use_chat_format(mo.chat_format());
+    const bool chats = std::any_of(lines.begin(), lines.end(), [](const auto& l) { return l.messages.has_value(); });
+    if (chats) {
+      std::fprintf(stderr, "generate: chat format %s\n", tok->chat ? tok->chat->describe().c_str() : "none");
     }
-    decode = [t = *tok](const std::vector<int64_t>& ids) { return t.decode(ids); };
+    for (size_t i = 0; i < lines.size(); ++i) {
+      auto& l = lines[i];
+      if (l.text) l.ids = tok->encode(*l.text, true);
+      if (l.messages) {
+        try {
+          l.ids = tok->encode(tok->render_chat(*l.messages), false);  // the format's own special tokens
+        } catch (const Error& e) {
+          throw Error(fmt::format("{} prompt {}: {}", input, i + 1, e.problem()), e.fix());
+        }
+      }
+    }
+    decode = run_decode(*tok);  // ids past the tokenizer's vocabulary (a padded embedding) have no text
   } else {
     HYBRIDRL_CHECK(!needs_tokenizer, fmt::format("{}: a line holds prompt text, but '{}' has no tokenizer", input, mo.path()),
                    "pass prompt_ids, or a checkpoint with tokenizer.json or tokenizer.model");

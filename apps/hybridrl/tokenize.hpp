@@ -70,7 +70,7 @@ inline int run_tokenize(const std::string& model, const std::string& input, cons
       }
       tokens += static_cast<int64_t>(j["ids"].size());
     }
-    out.write(j.dump() + "\n");
+    out.write(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     ++n;
   }
   out.commit();

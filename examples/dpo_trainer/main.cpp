@@ -15,8 +15,10 @@ int main(int argc, char** argv) try {
   sources.require("dpo");
   const auto cfg = configure_run<DPOTrainer>(sources.sources);  // every key checked here
 
-  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
-  auto pairs = read_run_data<PreferenceDataset>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  auto tok = load_run_tokenizer(cfg.model());  // the data is read before the weights load
+  auto pairs = read_run_data<PreferenceDataset>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
+                                                cfg.run().data().dataset());
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
 
   // The frozen reference: by default a copy of the policy as fit() receives it (FitParts::reference
   // takes another model). Its summed log-probs of every chosen and rejected response are computed

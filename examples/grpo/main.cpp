@@ -16,11 +16,15 @@ int main(int argc, char** argv) try {
   sources.require("grpo", "paged");
   const auto cfg = configure_run<GRPOTrainer>(sources.sources);
 
-  // 2. The policy and its tokenizer: model.path (a Hugging Face checkpoint) or model.init=tiny.
-  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
+  // 2. The tokenizer (model.path's tokenizer.json or tokenizer.model; the byte tokenizer for
+  //    model.init=tiny) and the prompts: the built-in task's, or data.train_files (JSONL with a
+  //    "prompt" per line, or data.prompt_key's field). Both before the weights: a bad line fails fast.
+  auto tok = load_run_tokenizer(cfg.model());
+  auto prompts = read_run_data<PromptDataset>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
+                                              cfg.run().data().dataset());
 
-  // 3. The prompts: the built-in task's, or data.train_files (JSONL with "prompt" per line).
-  auto prompts = read_run_data<PromptDataset>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  // 3. The policy: model.path (a Hugging Face checkpoint) or model.init=tiny.
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
 
   // 4. The reward: any callable on (sample, response text and ids) -> score. The task's checks
   //    the reversed digits; builtin_reward("gsm8k") and friends read a dataset's "answer".

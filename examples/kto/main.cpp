@@ -15,8 +15,10 @@ int main(int argc, char** argv) try {
   sources.require("kto");
   const auto cfg = configure_run<KTOTrainer>(sources.sources);  // every key checked here
 
-  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
-  auto rows = read_run_data<LabelledDataset>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  auto tok = load_run_tokenizer(cfg.model());  // the data is read before the weights load
+  auto rows = read_run_data<LabelledDataset>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
+                                             cfg.run().data().dataset());
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
 
   // The reference point z0 is the batch's KL to the frozen reference on mismatched pairs (TRL's
   // KTOTrainer); algorithm.desirable_weight and undesirable_weight rebalance unequal classes.

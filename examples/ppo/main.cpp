@@ -15,8 +15,10 @@ int main(int argc, char** argv) try {
   sources.require("ppo", "paged");
   const auto cfg = configure_run<PPOTrainer>(sources.sources);  // every key checked here
 
-  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
-  auto prompts = read_run_data<PromptDataset>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  auto tok = load_run_tokenizer(cfg.model());  // the data is read before the weights load
+  auto prompts = read_run_data<PromptDataset>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
+                                              cfg.run().data().dataset());
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
 
   FitParts parts;
   // The critic: a ...ForTokenClassification checkpoint (model.critic_path), or by default the

@@ -16,8 +16,10 @@ int main(int argc, char** argv) try {
   sources.require("sft");
   const auto cfg = configure_run<SFTTrainer>(sources.sources);  // every key checked here
 
-  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
-  auto pairs = read_run_data<CompletionDataset>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  auto tok = load_run_tokenizer(cfg.model());  // the data is read before the weights load
+  auto pairs = read_run_data<CompletionDataset>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
+                                                cfg.run().data().dataset());
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
 
   FitParts parts;
   parts.tokenizer_files = model.tokenizer_files;  // copied next to the final model

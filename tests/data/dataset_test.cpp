@@ -138,6 +138,33 @@ TEST_SUITE("data/dataset") {
     CHECK(problem.find("prompts_bad.jsonl:2: bad JSON") != std::string::npos);
   }
 
+  TEST_CASE("prompts: prompt_key and prompt_template (GSM8K's question with an instruction)") {
+    std::istringstream in(R"({"question": "2+3?", "answer": "5\n#### 5"})" "\n");
+    const auto o = DatasetOptions{}.prompt_key("question").prompt_template("Q: {prompt} Show {prompt} then ####.");
+    auto d = PromptDataset::from_stream(in, "gsm8k.jsonl", ByteTokenizer{}, o);
+    REQUIRE(d.size() == 1);
+    CHECK(d[0].prompt_ids == ByteTokenizer{}.encode("Q: 2+3? Show 2+3? then ####.", true));
+    CHECK(d[0].record["answer"] == "5\n#### 5");  // the reward's ground truth, kept
+    CHECK(o.templated("") == "Q:  Show  then ####.");
+    CHECK(DatasetOptions{}.templated("as is {x}") == "as is {x}");
+    CHECK(error_of<PromptDataset>(R"({"prompt": "x"})" "\n", DatasetOptions{}.prompt_key("question"))
+              .find("missing field \"question\"") != std::string::npos);
+    // as_chat needs a tokenizer with a chat format: ByteTokenizer has none
+    CHECK(error_of<PromptDataset>(R"({"question": "x"})" "\n", DatasetOptions{}.prompt_key("question").as_chat(true))
+              .find("\"question\" is a conversation but the tokenizer has no chat format") != std::string::npos);
+    auto bad = [](const DatasetOptions& x) {
+      try {
+        x.validate();
+      } catch (const Error& e) {
+        return e.problem();
+      }
+      return std::string();
+    };
+    CHECK(bad(DatasetOptions{}.prompt_template("no placeholder")).find("prompt_template = \"no placeholder\" has no {prompt}") !=
+          std::string::npos);
+    CHECK(bad(DatasetOptions{}.prompt_key("")).find("prompt_key is empty") != std::string::npos);
+  }
+
   TEST_CASE("missing file and bad options are errors") {
     CHECK_THROWS_AS((void)PromptDataset::from_jsonl(kFixtures + "nope.jsonl", ByteTokenizer{}), Error);
     CHECK_THROWS_AS(DatasetOptions{}.max_length(-1).validate(), Error);

@@ -3,8 +3,10 @@
 // tests/fixtures/make_tokenizer_fixtures.py: Qwen2, Llama-3 and a byte-fallback BPE), the special
 // ids of tokenizer_config.json and generation_config.json, and every refusal of a file it cannot
 // reproduce.
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -91,6 +93,36 @@ TEST_SUITE("model/hf_tokenizer") {
       CHECK(wrong_text == 0);
       CHECK(wrong_special == 0);
     }
+  }
+
+  TEST_CASE("decode of any ids equals tokenizers', U+FFFD where the bytes are not UTF-8 (2000 sequences per style)") {
+    for (const std::string style : {"qwen2", "llama3", "fallback"}) {
+      CAPTURE(style);
+      const HFTokenizer tok(tokenizer_fixture(style));
+      std::ifstream in(tokenizer_fixture(style) + "/decode.jsonl");
+      REQUIRE(in.good());
+      std::string line;
+      int lines = 0, wrong = 0, lossy = 0;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        const auto want = j["text"].get<std::string>();
+        const auto got = tok.decode(j["ids"].get<std::vector<int64_t>>());
+        if (got != want && wrong++ < 3) {
+          CAPTURE(j["ids"].dump());
+          CHECK(got == want);
+        }
+        if (want.find("\xEF\xBF\xBD") != std::string::npos) ++lossy;
+        ++lines;
+      }
+      CHECK(lines == 2000);
+      CHECK(lossy > 100);  // the cases do cut characters
+      CHECK(wrong == 0);
+    }
+    // the maximal-subpart rule by hand: a cut 3-byte character is one U+FFFD, a stray byte one each
+    CHECK(hybridrl::detail::hf::utf8_lossy("a\xE2\x82") == "a\xEF\xBF\xBD");
+    CHECK(hybridrl::detail::hf::utf8_lossy("\xE2\x82\xAC\x80\xFFz") == "\xE2\x82\xAC\xEF\xBF\xBD\xEF\xBF\xBDz");
+    CHECK(hybridrl::detail::hf::utf8_lossy("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate: 3
+    CHECK(hybridrl::detail::hf::utf8_lossy("\xF0\x9F\x98") == "\xEF\xBF\xBD");
   }
 
   TEST_CASE("the pipelines by hand: Qwen2 single digits and NFC, Llama-3 digit triples and <|begin_of_text|>") {
@@ -201,6 +233,51 @@ TEST_SUITE("model/hf_tokenizer") {
               .find("chat_template is missing") != std::string::npos);
   }
 
+  TEST_CASE("chat formats: Llama-3.1/3.2's dated system header equals transformers' apply_chat_template") {
+    const HFTokenizer tok(tokenizer_fixture("llama3"));
+    for (const std::string version : {"3.1", "3.2"}) {
+      CAPTURE(version);
+      std::ifstream tf(tokenizer_fixture("llama3") + "/chat_template_llama" + version + ".jinja");
+      std::stringstream tpl;
+      tpl << tf.rdbuf();
+      REQUIRE(!tpl.str().empty());
+      auto f = ChatFormat::from_template(tpl.str());
+      REQUIRE(f.has_value());
+      CHECK(f->name == "llama3.1");
+      // 3.1 fixes the date; 3.2 calls strftime_now: today's, as transformers renders it
+      CHECK(f->date == (version == "3.1" ? "26 Jul 2024" : ""));
+      std::ifstream in(tokenizer_fixture("llama3") + "/chat_llama" + version + ".jsonl");
+      std::string line;
+      int n = 0;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line);
+        CAPTURE(j["messages"].dump());
+        if (j.contains("date_string")) f->date = j["date_string"].get<std::string>();  // the generator fixed it
+        const auto text = f->render(j["messages"]);
+        CHECK(text == j["text"].get<std::string>());
+        CHECK(tok.encode(text, false) == j["ids"].get<std::vector<int64_t>>());
+        ++n;
+      }
+      CHECK(n == 12);
+    }
+    // today's date when the template dates with strftime_now ("%d %b %Y", local time): computed
+    // here from the calendar, not with strftime
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&now, &tm);
+    static const char* months[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    const auto today = fmt::format("{:02d} {} {}", tm.tm_mday, months[tm.tm_mon], 1900 + tm.tm_year);
+    const auto dated = ChatFormat::llama31("").render(nlohmann::json::parse(R"([{"role": "user", "content": "hi"}])"));
+    CHECK(dated.find("Today Date: " + today + "\n\n<|eot_id|>") != std::string::npos);
+    CHECK(ChatFormat::llama31("").describe() == "llama3.1 (dated today)");
+    // by name: 3.1's fixed date; the plain Llama-3 template is still llama3
+    CHECK(ChatFormat::named("llama3.1").date == "26 Jul 2024");
+    CHECK(ChatFormat::named("llama3.1").render(nlohmann::json::parse(R"([{"role": "system", "content": " S "}])")) ==
+          "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+          "Today Date: 26 Jul 2024\n\nS<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    CHECK(tok.chat_format()->name == "llama3");
+  }
+
   TEST_CASE("PromptDataset: a `messages` line is rendered by the tokenizer's chat format") {
     const HFTokenizer tok(tokenizer_fixture("qwen2"));
     std::ifstream in(tokenizer_fixture("qwen2") + "/chat.jsonl");
@@ -222,6 +299,32 @@ TEST_SUITE("model/hf_tokenizer") {
     no_chat << R"({"messages": [{"role": "user", "content": "x"}]})" << "\n";
     CHECK(hf_error([&] { (void)PromptDataset::from_stream(no_chat, "<bytes>", ByteTokenizer{}); })
               .find("the tokenizer has no chat format") != std::string::npos);
+  }
+
+  TEST_CASE("PromptDataset: GSM8K's `question` as one user turn (prompt_key, prompt_template, as_chat)") {
+    const HFTokenizer tok(tokenizer_fixture("qwen2"));
+    std::ifstream in(tokenizer_fixture("qwen2") + "/chat.jsonl");
+    std::string first;
+    std::getline(in, first);
+    const auto want = nlohmann::json::parse(first);  // [user: "What is 12 + 30?"], transformers' ids
+    REQUIRE(want["messages"].size() == 1);
+    REQUIRE(want["messages"][0]["content"] == "What is 12 + 30?");
+    const auto ids = want["ids"].get<std::vector<int64_t>>();
+    auto read = [&](const std::string& line, const DatasetOptions& o) {
+      std::stringstream jsonl(line + "\n");
+      return PromptDataset::from_stream(jsonl, "<gsm8k>", tok, o);
+    };
+    const auto o = DatasetOptions{}.prompt_key("question").as_chat(true);
+    CHECK(read(R"({"question": "What is 12 + 30?", "answer": "#### 42"})", o)[0].prompt_ids == ids);
+    CHECK(read(R"({"question": "What is 12"})", DatasetOptions{o}.prompt_template("{prompt} + 30?"))[0].prompt_ids == ids);
+    // a conversation under the key is rendered as it stands (as_chat or not)
+    CHECK(read(nlohmann::json{{"question", want["messages"]}}.dump(), DatasetOptions{}.prompt_key("question"))[0].prompt_ids ==
+          ids);
+    // without as_chat the string is plain text
+    CHECK(read(R"({"question": "What is 12 + 30?"})", DatasetOptions{}.prompt_key("question"))[0].prompt_ids ==
+          tok.encode("What is 12 + 30?", true));
+    CHECK(hf_error([&] { (void)read(R"({"prompt": "x"})", o); }).find("missing field \"question\"") != std::string::npos);
+    CHECK(hf_error([&] { (void)read(R"({"question": 7})", o); }).find("field \"question\" is number") != std::string::npos);
   }
 }
 #endif

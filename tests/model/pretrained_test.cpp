@@ -225,6 +225,35 @@ TEST_SUITE("model/pretrained") {
     CHECK(config_to_json(config_from_json(j))["sliding_window"] == 4);  // the user's unused value kept
   }
 
+  TEST_CASE("stop ids: config.json's eos_token_id list, replaced by generation_config.json's") {
+    auto qwen = load_config(kModels + "/qwen2_chat");  // Qwen2.5-Instruct's shape
+    CHECK(qwen.eos_token_id == 2);
+    CHECK(qwen.eos_token_ids == std::vector<int64_t>{2, 0});  // generation_config.json: <|im_end|>, <|endoftext|>
+    CHECK(load_config(kModels + "/qwen2_chat/config.json").eos_token_ids == std::vector<int64_t>{2, 0});
+    auto j = small_config();
+    j["eos_token_id"] = {7, 9};  // Llama-3.1's config.json form
+    auto c = config_from_json(j);
+    CHECK(c.eos_token_id == 7);
+    CHECK(c.eos_token_ids == std::vector<int64_t>{7, 9});
+    CHECK(config_to_json(c)["eos_token_id"] == nlohmann::json({7, 9}));  // written back as a list
+    j["eos_token_id"] = 5;
+    CHECK(config_from_json(j).eos_token_ids == std::vector<int64_t>{5});
+    j["eos_token_id"] = {5, 100};
+    CHECK(config_error(j).find("eos_token_id 100 lies outside the vocabulary [0, 100)") != std::string::npos);
+    j["eos_token_id"] = {5, "x"};
+    CHECK(config_error(j).find("eos_token_id = [5, \"x\"] is not a token id or a list of them") != std::string::npos);
+    TempDir d("gencfg");
+    j["eos_token_id"] = 5;
+    write_file(d.path / "config.json", j.dump());
+    write_file(d.path / "generation_config.json", R"({"eos_token_id": [5, 6], "do_sample": true})");
+    CHECK(load_config(d.str()).eos_token_ids == std::vector<int64_t>{5, 6});
+    write_file(d.path / "generation_config.json", R"({"eos_token_id": [5, 600]})");
+    auto err = error_of([&] { load_config(d.str()); });
+    CHECK(err.find("generation_config.json': eos_token_id 600 lies outside the vocabulary") != std::string::npos);
+    write_file(d.path / "generation_config.json", "{not json");
+    CHECK(error_of([&] { load_config(d.str()); }).find("generation_config.json' is not a JSON object") != std::string::npos);
+  }
+
   TEST_CASE("config: transformers 4.x spelling (rope_theta + rope_scaling) reads and writes back") {
     auto j = nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
       "vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,

@@ -100,6 +100,17 @@ TEST_SUITE("rollout/naive") {
     CHECK(row_tokens(by_eos, 0).size() == first + 1);
     auto ignored = e2.generate(prompt_batch({prompt}), SamplingOptions{}.temperature(0).max_new_tokens(12).ignore_eos(true));
     CHECK(row_tokens(ignored, 0) == free_run);
+    // generation_config.json's stop ids (ModelConfig::eos_token_ids) stop as EOS does
+    auto gen_cfg = m->config();
+    gen_cfg.eos_token_id.reset();
+    gen_cfg.eos_token_ids = {stop};
+    auto m3 = CausalLM(gen_cfg);
+    hybridrl::detail::copy_parameters(*m3, *m);
+    NaiveEngine e3(m3, NaiveOptions{});
+    auto by_list = e3.generate(prompt_batch({prompt}), SamplingOptions{}.temperature(0).max_new_tokens(12));
+    CHECK(row_tokens(by_list, 0) == std::vector<int64_t>(free_run.begin(), free_run.begin() + static_cast<long>(first) + 1));
+    CHECK(row_tokens(e3.generate(prompt_batch({prompt}), SamplingOptions{}.temperature(0).max_new_tokens(12).ignore_eos(true)), 0) ==
+          free_run);
     // min_new_tokens: the stop token cannot be drawn before it, so the response is at least that long
     auto longer = e2.generate(prompt_batch({prompt}),
                               SamplingOptions{}.temperature(0).max_new_tokens(12).min_new_tokens(static_cast<int64_t>(first) + 2));

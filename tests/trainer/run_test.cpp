@@ -6,7 +6,10 @@
 #include <hybridrl/hybridrl.hpp>
 #include <hybridrl/trainer/run.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -157,13 +160,32 @@ TEST_SUITE("trainer/run") {
     REQUIRE(tok->chat.has_value());
     CHECK(tok->chat->name == "chatml");
     CHECK(files == std::vector<std::string>{dir + "/tokenizer.json", dir + "/tokenizer_config.json"});
+    // load_run_tokenizer: no weights read, model.chat_format applied, the files, checked against
+    // config.json's vocabulary before any weights load
+    const std::string chat_model = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/qwen2_chat";
+    const auto rt = load_run_tokenizer(RunModelOptions{}.path(chat_model).chat_format("llama3.1"));
+    REQUIRE(rt.tokenizer.chat.has_value());
+    CHECK(rt.tokenizer.chat->name == "llama3.1");
+    CHECK(rt.files.back() == chat_model + "/generation_config.json");
+    CHECK(describe_tokenizer(RunModelOptions{}.path(chat_model), rt) ==
+          fmt::format("tokenizer {}/tokenizer.json (2709 ids), chat format llama3.1 (dated 26 Jul 2024) "
+                      "(model.chat_format=auto)", chat_model));
+    const auto mixed = std::filesystem::temp_directory_path() / ("hybridrl_run_tok_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(mixed);
+    std::filesystem::copy_file(dir + "/tokenizer.json", mixed / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/qwen2/config.json", mixed / "config.json",
+                               std::filesystem::copy_options::overwrite_existing);  // vocab 320, and no weights
+    CHECK(mentions(run_error([&] { (void)load_run_tokenizer(RunModelOptions{}.path(mixed.string())); }),
+                   "the model's vocab_size is 320"));
+    std::filesystem::remove_all(mixed);
 #endif
     CHECK(!load_checkpoint_tokenizer(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama").has_value());
     CHECK(mentions(run_error([] {
                      (void)configure_run<GRPOTrainer>(
                          run_sources({"task.name=reverse", "model.init=tiny", "model.chat_format=vicuna"}).sources);
                    }),
-                   "chat_format = \"vicuna\" is not one of auto, chatml, llama3, none"));
+                   "chat_format = \"vicuna\" is not one of auto, chatml, llama3, llama3.1, none"));
     // the byte tokenizer has no chat format: a conversation prompt is refused with the fix
     const auto bytes = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
     CHECK(mentions(run_error([&] { (void)bytes.render_chat(nlohmann::json::array()); }), "no chat format is set"));

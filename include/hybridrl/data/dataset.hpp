@@ -44,6 +44,7 @@ enum class OnError {
   raise,  ///< throw hybridrl::Error naming file and line (default)
   skip,   ///< drop the line and count it in DataStatistics
 };
+HYBRIDRL_ENUM_NAMES(OnError, raise, skip);
 
 /// Why a line was rejected; also the index into DataStatistics::skipped.
 enum class LineError { bad_json, missing_field, wrong_type, empty_text, too_long, bad_text };
@@ -114,18 +115,45 @@ struct DatasetOptions {
   HYBRIDRL_ARG(bool, add_eos) = true;
   /// `data_source` for lines without one; empty = the file's stem.
   HYBRIDRL_ARG(std::string, default_data_source) = "";
+  /// PromptDataset: the field that holds the prompt, a string or a conversation ([{"role",
+  /// "content"}], rendered in the tokenizer's chat format), e.g. `question` for GSM8K's JSONL.
+  /// (With the default, a `messages` field is read as the conversation.)
+  HYBRIDRL_ARG(std::string, prompt_key) = "prompt";
+  /// PromptDataset: a string prompt becomes this text with `{prompt}` replaced by it, e.g.
+  /// `{prompt} Let's think step by step and output the final answer after "####".`; empty = as is.
+  HYBRIDRL_ARG(std::string, prompt_template) = "";
+  /// PromptDataset: a string prompt is sent as one user message in the chat format (what an
+  /// instruct model expects); a conversation always is.
+  HYBRIDRL_ARG(bool, as_chat) = false;
+  /// Its fields sit at the level of the options that hold it (`data.max_prompt_length`).
+  static constexpr bool inline_fields = true;
+  HYBRIDRL_FIELDS(max_prompt_length, max_length, on_error, add_bos, add_eos, default_data_source, prompt_key,
+                  prompt_template, as_chat)
 
   /// Throws hybridrl::Error for an impossible value.
   void validate() const {
-    HYBRIDRL_CHECK(max_prompt_length_ >= 0,
-                   fmt::format("dataset.max_prompt_length = {} is negative", max_prompt_length_),
+    HYBRIDRL_CHECK(max_prompt_length_ >= 0, fmt::format("max_prompt_length = {} is negative", max_prompt_length_),
                    "use 0 (no limit) or a positive token count");
-    HYBRIDRL_CHECK(max_length_ >= 0, fmt::format("dataset.max_length = {} is negative", max_length_),
+    HYBRIDRL_CHECK(max_length_ >= 0, fmt::format("max_length = {} is negative", max_length_),
                    "use 0 (no limit) or a positive token count");
     HYBRIDRL_CHECK(max_length_ == 0 || max_prompt_length_ == 0 || max_prompt_length_ <= max_length_,
-                   fmt::format("dataset.max_prompt_length = {} exceeds dataset.max_length = {}",
-                               max_prompt_length_, max_length_),
+                   fmt::format("max_prompt_length = {} exceeds max_length = {}", max_prompt_length_, max_length_),
                    "make max_length at least max_prompt_length");
+    HYBRIDRL_CHECK(!prompt_key_.empty(), "prompt_key is empty", "name the field that holds the prompt, e.g. prompt");
+    HYBRIDRL_CHECK(prompt_template_.empty() || prompt_template_.find("{prompt}") != std::string::npos,
+                   fmt::format("prompt_template = \"{}\" has no {{prompt}}", prompt_template_),
+                   "write {prompt} where the prompt goes, e.g. \"{prompt} Answer after ####.\"");
+  }
+
+  /// A string prompt after prompt_template.
+  [[nodiscard]] std::string templated(const std::string& prompt) const {
+    if (prompt_template_.empty()) return prompt;
+    std::string out;
+    size_t at = 0;
+    for (size_t i; (i = prompt_template_.find("{prompt}", at)) != std::string::npos; at = i + 8) {
+      out.append(prompt_template_, at, i - at).append(prompt);
+    }
+    return out.append(prompt_template_, at, std::string::npos);
   }
 };
 
@@ -265,10 +293,11 @@ std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
       const auto where = fmt::format("{}:{}: {} ({})", source, line, f.message, to_string(f.reason));
       if (options.on_error() == OnError::raise) {
         throw Error(where, f.reason == LineError::too_long
-                               ? "raise the dataset's max_length / max_prompt_length, drop the "
-                                 "line, or set on_error(OnError::skip) to skip and count such lines"
-                               : "fix or delete the line, or set on_error(OnError::skip) to skip "
-                                 "and count malformed lines");
+                               ? "raise data.max_length / data.max_prompt_length, drop the line, or "
+                                 "set data.on_error=skip (DatasetOptions::on_error(OnError::skip)) to "
+                                 "skip and count such lines"
+                               : "fix or delete the line, or set data.on_error=skip "
+                                 "(DatasetOptions::on_error(OnError::skip)) to skip and count malformed lines");
       }
       ++stats.skipped[static_cast<size_t>(f.reason)];
       if (stats.first_skips.size() < 16) stats.first_skips.push_back(where);
@@ -352,24 +381,35 @@ class PromptDataset : public detail::DatasetStorage<PromptDataset, PromptSample>
         in, source, options, d.stats_, [&](nlohmann::json obj, int64_t line) {
           PromptSample s;
           // a conversation: the chat format's text (its own special tokens: no BOS added)
-          if (obj.contains("messages")) {
-            if (obj.contains("prompt")) {
-              throw detail::LineFailure{LineError::wrong_type, "both \"prompt\" and \"messages\" are set: give one"};
-            }
+          auto chat_ids = [&](const nlohmann::json& messages, std::string_view field) {
             if constexpr (requires(const nlohmann::json& m) { { tok.render_chat(m) } -> std::convertible_to<std::string>; }) {
               std::string text;
               try {
-                text = tok.render_chat(obj["messages"]);
+                text = tok.render_chat(messages);
               } catch (const Error& e) {
                 throw detail::LineFailure{LineError::wrong_type, e.what()};
               }
-              s.prompt_ids = tok.encode(text, false);
+              return tok.encode(text, false);
             } else {
-              throw detail::LineFailure{LineError::wrong_type,
-                                        "the line has \"messages\" but the tokenizer has no chat format (render_chat)"};
+              throw detail::LineFailure{
+                  LineError::wrong_type,
+                  fmt::format("the line's \"{}\" is a conversation but the tokenizer has no chat format (render_chat)",
+                              field)};
+              return std::vector<int64_t>{};
             }
+          };
+          const auto& key = options.prompt_key();
+          if (key == "prompt" && obj.contains("messages")) {
+            if (obj.contains("prompt")) {
+              throw detail::LineFailure{LineError::wrong_type, "both \"prompt\" and \"messages\" are set: give one"};
+            }
+            s.prompt_ids = chat_ids(obj["messages"], "messages");
+          } else if (auto it = obj.find(key); it != obj.end() && it->is_array()) {
+            s.prompt_ids = chat_ids(*it, key);
           } else {
-            s.prompt_ids = tok.encode(detail::require_text(obj, "prompt"), options.add_bos());
+            const auto text = options.templated(detail::require_text(obj, key.c_str()));
+            s.prompt_ids = options.as_chat() ? chat_ids(nlohmann::json::array({{{"role", "user"}, {"content", text}}}), key)
+                                             : tok.encode(text, options.add_bos());
           }
           if (auto it = obj.find("answer"); it != obj.end() && !it->is_null() && !it->is_string() &&
                                             !it->is_number()) {

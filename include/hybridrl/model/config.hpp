@@ -58,6 +58,10 @@ struct ModelConfig {
   std::vector<std::string> layer_types;
   double initializer_range = 0.02;
   std::optional<int64_t> bos_token_id, eos_token_id, pad_token_id;
+  /// Every id that ends a generation (with eos_token_id): config.json's `eos_token_id` when it is a
+  /// list (Llama-3.1), replaced by generation_config.json's (one id or a list: Qwen2.5-Instruct's
+  /// [<|im_end|>, <|endoftext|>]) when load_config finds that file, as transformers' generate() does.
+  std::vector<int64_t> eos_token_ids;
   std::string dtype = "float32";       ///< the checkpoint's stored dtype (`dtype`/`torch_dtype`)
   nlohmann::json raw = nlohmann::json::object();  ///< the config.json this was read from
 
@@ -104,6 +108,11 @@ struct ModelConfig {
                    fmt::format("sliding_window = {} must be positive (or null for full attention)",
                                sliding_window.value_or(0)),
                    fix);
+    for (auto id : eos_token_ids) {
+      HYBRIDRL_CHECK(id >= 0 && id < vocab_size,
+                     fmt::format("eos_token_id {} lies outside the vocabulary [0, {})", id, vocab_size),
+                     "fix eos_token_id in config.json or generation_config.json");
+    }
     HYBRIDRL_CHECK(layer_types.empty() || static_cast<int64_t>(layer_types.size()) == num_hidden_layers,
                    fmt::format("layer_types has {} entries but num_hidden_layers = {}", layer_types.size(),
                                num_hidden_layers),
@@ -185,6 +194,25 @@ inline int64_t json_int(const nlohmann::json& j, const char* key) {
   return json_or<int64_t>(j, key, 0);
 }
 
+/// A token id field that may be one id or a list of them (`eos_token_id`); absent or null: none.
+inline std::vector<int64_t> json_id_list(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return {};
+  const auto& v = j[key];
+  auto one = [&](const nlohmann::json& x) {
+    HYBRIDRL_CHECK(x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
+                   fmt::format("{} = {} is not a token id or a list of them", key, io::brief(v)),
+                   "write a whole number, or a list of whole numbers");
+    return x.get<int64_t>();
+  };
+  std::vector<int64_t> out;
+  if (v.is_array()) {
+    for (const auto& x : v) out.push_back(one(x));
+  } else {
+    out.push_back(one(v));
+  }
+  return out;
+}
+
 }  // namespace detail
 
 /// Parses a config.json object. `source` names the file in errors. An architecture hybridrl does not
@@ -253,6 +281,8 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
     }
     c.bos_token_id = id("bos_token_id");
     c.eos_token_id = id("eos_token_id");
+    c.eos_token_ids = detail::json_id_list(j, "eos_token_id");
+    if (!c.eos_token_id && !c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
     c.pad_token_id = id("pad_token_id");
     c.dtype = detail::json_or<std::string>(j, "dtype", detail::json_or<std::string>(j, "torch_dtype", "float32"));
     // rope: transformers 5 writes rope_parameters (with rope_theta inside); 4.x rope_theta + rope_scaling.
@@ -294,7 +324,24 @@ inline ModelConfig load_config(const std::string& path) {
   auto parsed = io::parse_json(text);
   HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("'{}' is not valid JSON ({})", file, parsed.error),
                  "repair or re-save config.json");
-  return config_from_json(parsed.value, file);
+  auto c = config_from_json(parsed.value, file);
+  // generation_config.json (transformers' generate() reads its stop ids from there)
+  const auto gen = fs::path(file).parent_path() / "generation_config.json";
+  if (fs::is_regular_file(gen, ec)) {
+    auto g = io::parse_json(io::read_text_file(gen.string(), "generation config", size_t{1} << 20));
+    HYBRIDRL_CHECK(static_cast<bool>(g) && g.value.is_object(),
+                   fmt::format("'{}' is not a JSON object ({})", gen.string(), g ? "another JSON value" : g.error),
+                   "repair or re-save generation_config.json, or remove it");
+    try {
+      if (g.value.contains("eos_token_id")) c.eos_token_ids = detail::json_id_list(g.value, "eos_token_id");
+      c.validate();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("'{}': {}", gen.string(), e.what()), "eos_token_id must be a token id or a list of them");
+    } catch (const Error& e) {
+      throw Error(fmt::format("'{}': {}", gen.string(), e.problem()), e.fix());
+    }
+  }
+  return c;
 }
 
 /// config.json for `c` under the HF class name `architecture` (default: c.architecture), starting
@@ -364,7 +411,7 @@ inline nlohmann::json config_to_json(const ModelConfig& c, const std::string& ar
     j[key] = v ? nlohmann::json(*v) : nlohmann::json(nullptr);
   };
   put_id("bos_token_id", c.bos_token_id);
-  put_id("eos_token_id", c.eos_token_id);
+  if (!(j.contains("eos_token_id") && j["eos_token_id"].is_array())) put_id("eos_token_id", c.eos_token_id);  // a list stays
   put_id("pad_token_id", c.pad_token_id);
   const auto d = dtype.empty() ? c.dtype : dtype;
   j[j.contains("torch_dtype") && !j.contains("dtype") ? "torch_dtype" : "dtype"] = d;

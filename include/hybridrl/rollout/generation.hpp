@@ -71,7 +71,10 @@ struct StopRule {
   static StopRule make(const SamplingOptions& s, const ModelConfig& c) {
     StopRule r;
     r.stop_ids = s.stop_token_ids();
-    if (!s.ignore_eos() && c.eos_token_id) r.stop_ids.push_back(*c.eos_token_id);
+    if (!s.ignore_eos()) {  // the model's EOS and generation_config.json's stop ids
+      if (c.eos_token_id) r.stop_ids.push_back(*c.eos_token_id);
+      r.stop_ids.insert(r.stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
+    }
     std::sort(r.stop_ids.begin(), r.stop_ids.end());
     r.stop_ids.erase(std::unique(r.stop_ids.begin(), r.stop_ids.end()), r.stop_ids.end());
     r.min_new_tokens = s.min_new_tokens();

@@ -31,7 +31,7 @@ struct SamplingOptions {
   HYBRIDRL_ARG(int64_t, min_new_tokens) = 0;
   /// Token ids that end a response, besides the model's EOS.
   HYBRIDRL_ARG(std::vector<int64_t>, stop_token_ids) = {};
-  /// Do not stop at the model's EOS (stop_token_ids still stop).
+  /// Do not stop at the model's EOS ids (config.json, generation_config.json); stop_token_ids still stop.
   HYBRIDRL_ARG(bool, ignore_eos) = false;
   /// Base seed. A request's noise is a function of (its seed, its sample index, the position), and
   /// its seed is request_seed(seed, group id) unless the prompts carry `sampling_seeds`: the same

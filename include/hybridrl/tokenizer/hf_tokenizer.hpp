@@ -117,6 +117,46 @@ inline size_t invalid_utf8_at(std::string_view s) {
   return std::string_view::npos;
 }
 
+/// `s` with every ill-formed sequence replaced by U+FFFD, one per maximal subpart (the Unicode
+/// practice Rust's String::from_utf8_lossy follows, which tokenizers' ByteLevel decoder calls):
+/// a token cut inside a character, or a sampled run of stray bytes, still decodes to text.
+inline std::string utf8_lossy(std::string_view s) {
+  if (invalid_utf8_at(s) == std::string_view::npos) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + 8);
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      out.push_back(static_cast<char>(c));
+      ++i;
+      continue;
+    }
+    // the length and the second byte's range of a well-formed sequence starting with c
+    size_t n = 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c == 0xE0) n = 3, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) n = 3;
+    else if (c == 0xED) n = 3, hi = 0x9F;
+    else if (c == 0xF0) n = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) n = 4;
+    else if (c == 0xF4) n = 4, hi = 0x8F;
+    size_t k = 1;
+    for (; n > 0 && k < n && i + k < s.size(); ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if (d < (k == 1 ? lo : 0x80u) || d > (k == 1 ? hi : 0xBFu)) break;
+    }
+    if (n > 0 && k == n) {
+      out.append(s.substr(i, n));
+    } else {
+      out.append("\xEF\xBF\xBD");  // the maximal subpart s[i, i + k) (one byte when c cannot start one)
+    }
+    i += n > 0 ? k : 1;
+  }
+  return out;
+}
+
 /// GPT-2's byte → character map (tokenizers' `bytes_char`): printable bytes map to themselves, the
 /// other 68 to U+0100 onward. Each entry is the character's UTF-8.
 inline const std::array<std::string, 256>& byte_chars() {
@@ -1007,7 +1047,7 @@ class HFTokenizer {
     using K = detail::hf::Decoder::Kind;
     for (const auto& d : decoders_) {
       switch (d.kind) {
-        case K::byte_level: {
+        case K::byte_level: {  // every piece to bytes, then one lossy UTF-8 text (as tokenizers' ByteLevel)
           for (auto& p : pieces) {
             std::string bytes;
             size_t i = 0;
@@ -1024,6 +1064,9 @@ class HFTokenizer {
             }
             p = std::move(bytes);
           }
+          std::string all;
+          for (const auto& p : pieces) all += p;
+          pieces = {detail::hf::utf8_lossy(all)};
           break;
         }
         case K::replace:

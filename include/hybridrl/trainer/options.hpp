@@ -15,6 +15,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/data/dataset.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
 
 namespace hybridrl {
@@ -91,11 +92,14 @@ struct DataOptions {
   /// Prompts per training step over all ranks (offline algorithms: pairs or samples per step);
   /// the loader's batch size and the geometry's train_batch_size are set from it.
   HYBRIDRL_ARG(int64_t, train_batch_size) = 1;
-  HYBRIDRL_FIELDS(train_files, train_batch_size)
+  /// How the files are read (`data.max_prompt_length`, `data.prompt_key`, ...: inline fields).
+  HYBRIDRL_ARG(DatasetOptions, dataset) = {};
+  HYBRIDRL_FIELDS(train_files, train_batch_size, dataset)
 
   void validate() const {
     HYBRIDRL_CHECK(train_batch_size_ >= 1, fmt::format("train_batch_size = {} is below 1", train_batch_size_),
                    "give the number of prompts per step (1 or more)");
+    dataset_.validate();  // inline fields: data.max_prompt_length
   }
 };
 

@@ -14,8 +14,8 @@
 ///       return hybridrl::train_main(argc, argv, trainers);       // [--config F] [key=value ...]
 ///     }
 ///
-/// Or step by step, as examples/grpo does: `configure_run<T>` → `load_run_model` →
-/// `read_run_data` → `make_run_reward` → `T(cfg.run()).fit(...)`.
+/// Or step by step, as examples/grpo does: `configure_run<T>` → `load_run_tokenizer` →
+/// `read_run_data` → `load_run_model` → `make_run_reward` → `T(cfg.run()).fit(...)`.
 ///
 /// Not part of <hybridrl/hybridrl.hpp> (it reads YAML and sentencepiece where the build has them).
 /// builtin_trainers() names every preset of trainer/presets.hpp: link `hybridrl::presets`, or the
@@ -73,6 +73,14 @@ inline void check_device_option(const std::string& device) {
   }
 }
 
+/// Throws for a `chat_format` option other than auto, chatml, llama3 and none.
+inline void check_chat_format_option(const std::string& chat_format) {
+  HYBRIDRL_CHECK(chat_format == "auto" || chat_format == "chatml" || chat_format == "llama3" ||
+                     chat_format == "llama3.1" || chat_format == "none",
+                 fmt::format("chat_format = \"{}\" is not one of auto, chatml, llama3, llama3.1, none", chat_format),
+                 "use model.chat_format=auto (the checkpoint's chat_template), chatml, llama3, llama3.1 or none");
+}
+
 /// model.*: where the policy comes from and where it trains.
 struct RunModelOptions {
   /// A Hugging Face checkpoint directory (config.json + safetensors; its tokenizer.json or
@@ -89,7 +97,8 @@ struct RunModelOptions {
   /// starts the critic (score head fresh); empty: the policy's own trunk, a fresh score head.
   HYBRIDRL_ARG(std::string, critic_path) = "";
   /// How `messages` prompts become text: auto (the chat_template of the checkpoint's
-  /// tokenizer_config.json, when it is ChatML or Llama-3), chatml, llama3, or none.
+  /// tokenizer_config.json, when it is ChatML, Llama-3 or Llama-3.1), chatml, llama3, llama3.1 (its
+  /// dated system header), or none.
   HYBRIDRL_ARG(std::string, chat_format) = "auto";
   HYBRIDRL_FIELDS(path, init, dtype, device, critic_path, chat_format)
 
@@ -100,9 +109,7 @@ struct RunModelOptions {
     HYBRIDRL_CHECK(init_.empty() || init_ == "tiny", fmt::format("init = \"{}\" is not a built-in model", init_),
                    "use model.init=tiny");
     check_device_option(device_);
-    HYBRIDRL_CHECK(chat_format_ == "auto" || chat_format_ == "chatml" || chat_format_ == "llama3" || chat_format_ == "none",
-                   fmt::format("chat_format = \"{}\" is not one of auto, chatml, llama3, none", chat_format_),
-                   "use model.chat_format=auto (the checkpoint's chat_template), chatml, llama3 or none");
+    check_chat_format_option(chat_format_);
   }
 };
 
@@ -165,9 +172,16 @@ struct AnyTokenizer {
   /// The text of a conversation in the chat format (PromptDataset's `messages`).
   [[nodiscard]] std::string render_chat(const nlohmann::json& messages) const {
     HYBRIDRL_CHECK(chat.has_value(), "the prompt is a conversation (\"messages\") but no chat format is set",
-                   "use a checkpoint whose tokenizer_config.json has a ChatML or Llama-3 chat_template, or set "
-                   "model.chat_format=chatml or llama3");
+                   "use a checkpoint whose tokenizer_config.json has a ChatML or Llama-3(.1) chat_template, or set "
+                   "model.chat_format=chatml, llama3 or llama3.1");
     return chat->render(messages);
+  }
+
+  /// Applies a model.chat_format option: auto keeps the checkpoint's, none drops it, chatml,
+  /// llama3 and llama3.1 replace it.
+  void use_chat_format(const std::string& option) {
+    if (option == "none") chat.reset();
+    if (option == "chatml" || option == "llama3" || option == "llama3.1") chat = ChatFormat::named(option);
   }
 
   [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool add_bos = true) const { return encode_fn(text, add_bos); }
@@ -220,6 +234,12 @@ inline CausalLM tiny_llama(uint64_t seed, at::ScalarType dtype = at::kFloat, at:
   return m;
 }
 
+/// The tokenizer of a run and the files to copy next to the final model.
+struct RunTokenizer {
+  AnyTokenizer tokenizer;
+  std::vector<std::string> files;
+};
+
 /// The policy of a run, its tokenizer and the tokenizer files to copy next to the final model.
 struct RunModel {
   CausalLM policy = nullptr;
@@ -257,31 +277,54 @@ inline std::optional<AnyTokenizer> load_checkpoint_tokenizer(const std::string& 
   return std::nullopt;
 }
 
-/// Loads model.* : the checkpoint at model.path (its tokenizer.json or tokenizer.model when it
-/// has one, else the byte tokenizer), or the tiny model drawn from `seed`; checks the tokenizer
-/// fits the vocabulary.
-inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed) {
+/// The tokenizer of model.*, without the weights (cheap: read the data with it before loading
+/// them): model.path's tokenizer.json or tokenizer.model, else the byte tokenizer (also
+/// model.init=tiny's), with model.chat_format applied; checked against config.json's vocabulary.
+inline RunTokenizer load_run_tokenizer(const RunModelOptions& mo) {
+  RunTokenizer out;
+  std::optional<AnyTokenizer> tok;
+  if (mo.init().empty()) {
+    tok = load_checkpoint_tokenizer(mo.path(), &out.files);
+    out.tokenizer = tok ? *tok : AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+  } else {
+    out.tokenizer = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
+  }
+  out.tokenizer.use_chat_format(mo.chat_format());
+  if (mo.init().empty()) check_vocabulary(out.tokenizer, load_config(mo.path()));
+  return out;
+}
+
+/// One line for a run's log: which tokenizer and chat format a run uses.
+inline std::string describe_tokenizer(const RunModelOptions& mo, const RunTokenizer& t) {
+  const std::string file = t.files.empty() ? "the byte tokenizer" : t.files.front();
+  const std::string chat = t.tokenizer.chat ? t.tokenizer.chat->describe() : "none";
+  return fmt::format("tokenizer {} ({} ids), chat format {}{}", file, t.tokenizer.vocab_size(), chat,
+                     mo.chat_format() == "auto" ? " (model.chat_format=auto)" : "");
+}
+
+/// Loads model.* : the checkpoint at model.path, or the tiny model drawn from `seed`, with the
+/// tokenizer `tok` (load_run_tokenizer) checked against its vocabulary.
+inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed, RunTokenizer tok) {
   const at::Device device(mo.device());
   RunModel out;
-  if (!mo.init().empty()) {
-    out.policy = tiny_llama(seed, mo.dtype(), device);
-    out.tokenizer = AnyTokenizer::of(std::make_shared<ByteTokenizer>());
-  } else {
-    auto tok = load_checkpoint_tokenizer(mo.path(), &out.tokenizer_files);  // before the weights: a bad file fails fast
-    out.policy = load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(device));
-    out.tokenizer = tok ? *tok : AnyTokenizer::of(std::make_shared<ByteTokenizer>());
-  }
-  if (mo.chat_format() == "none") out.tokenizer.chat.reset();
-  if (mo.chat_format() == "chatml" || mo.chat_format() == "llama3") out.tokenizer.chat = ChatFormat::named(mo.chat_format());
+  out.policy = mo.init().empty() ? load_causal_lm(mo.path(), LoadOptions{}.dtype(mo.dtype()).device(device))
+                                 : tiny_llama(seed, mo.dtype(), device);
+  out.tokenizer = std::move(tok.tokenizer);
+  out.tokenizer_files = std::move(tok.files);
   check_vocabulary(out.tokenizer, out.policy->config());
   return out;
 }
 
+/// As above, loading the tokenizer first (a bad tokenizer file fails before the weights load).
+inline RunModel load_run_model(const RunModelOptions& mo, uint64_t seed) {
+  return load_run_model(mo, seed, load_run_tokenizer(mo));
+}
+
 /// The data of a run: the built-in task's (task.name), or the JSONL files' (read in order into one
-/// dataset), tokenized with `tok`.
+/// dataset), tokenized with `tok` as `options` (data.max_prompt_length, data.prompt_key, ...) say.
 template <class Dataset>
 std::shared_ptr<const Dataset> read_run_data(const TaskOptions& task, const std::vector<std::string>& files,
-                                             const AnyTokenizer& tok) {
+                                             const AnyTokenizer& tok, const DatasetOptions& options = {}) {
   std::stringstream text;
   std::string source;
   if (!task.name().empty()) {
@@ -296,7 +339,7 @@ std::shared_ptr<const Dataset> read_run_data(const TaskOptions& task, const std:
       source += (source.empty() ? "" : "+") + f;
     }
   }
-  return std::make_shared<const Dataset>(Dataset::from_stream(text, source, tok));
+  return std::make_shared<const Dataset>(Dataset::from_stream(text, source, tok, options));
 }
 
 /// The reward reward.* names (online): the task's, a built-in rule, or a reward model loaded to
@@ -471,8 +514,13 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   effective.run(trainer.options());
   std::fprintf(stderr, "hybridrl train: %s\n%s", label.c_str(), describe(effective).c_str());
   if (print_only) return 0;
-  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed());
-  auto data = read_run_data<dataset_of<T>>(cfg.task(), cfg.run().data().train_files(), model.tokenizer);
+  // the tokenizer and the data before the weights: a bad data line fails in seconds, not after
+  // a multi-gigabyte load
+  auto tok = load_run_tokenizer(cfg.model());
+  std::fprintf(stderr, "hybridrl train: %s\n", describe_tokenizer(cfg.model(), tok).c_str());
+  auto data = read_run_data<dataset_of<T>>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
+                                           cfg.run().data().dataset());
+  auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
   FitParts parts;
   if constexpr (T::has_critic) {
     if (!cfg.model().critic_path().empty()) {
