@@ -158,9 +158,9 @@ TEST_SUITE("sharding/fsdp_engine") {
     CHECK(at::equal(rollout.generate(prompts, s).tensor(keys::responses), direct.generate(prompts, s).tensor(keys::responses)));
   }
 
-  TEST_CASE("more than one process, and bad options, are errors naming the fix") {
+  TEST_CASE("a group without its Communicator, and bad options, are errors naming the fix") {
     CHECK(contains(error_of([] { FSDPEngine(fsdp_fixture(), FSDPOptions{}, OptimizerOptions{}, 10, 2); }),
-                   "this build's engine runs one process, the group has 2"));
+                   "a group of 2 ranks needs their Communicator"));
     CHECK(contains(error_of([] { FSDPEngine(fsdp_fixture(), FSDPOptions{}.shard_group_size(3), OptimizerOptions{}, 10, 2); }),
                    "shard_group_size = 3 does not divide world_size 2"));
     CHECK(contains(error_of([] { FSDPEngine(fsdp_fixture(), FSDPOptions{}, OptimizerOptions{}.lr(-1), 10); }),

@@ -5,10 +5,13 @@
 /// is sharded. For generation it gathers full weights and exports the shard any WeightSpec asks for
 /// (produces_tensor_parallel_shards = false: it can hand over full weights).
 ///
-/// The engines here, FSDPEngine (the policy) and FSDPCriticEngine (the critic), are the single-process case (world size 1, where there is nothing
-/// to shard): the whole model on this rank, mixed precision through autocast, activation
-/// checkpointing, the shared Optimizer (sharding/optimizer.hpp), checkpoint state and weight
-/// export. Sharding over several ranks comes with the sharding issue, behind the same interface.
+/// The engines here, FSDPEngine (the policy) and FSDPCriticEngine (the critic), run on one process
+/// (no Communicator, or one of size 1: the whole model on this rank, mixed precision through
+/// autocast, activation checkpointing) or sharded over a Communicator's ranks (sharding/
+/// fsdp_units.hpp: one flat fp32 slice per layer unit and rank, gathered in param_dtype around
+/// each layer, gradients reduce-scattered into the slices, AdamW on the slices, the gradient norm
+/// global over the ranks). Both behind the same interface, with the shared Optimizer
+/// (sharding/optimizer.hpp), checkpoint state and weight export.
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -27,10 +30,12 @@
 #include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/decoder.hpp"
 #include "hybridrl/model/log_probs.hpp"
 #include "hybridrl/sharding/concepts.hpp"
+#include "hybridrl/sharding/fsdp_units.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
 #include "hybridrl/sharding/weight_spec.hpp"
 #include "hybridrl/sharding/weights.hpp"
@@ -91,26 +96,90 @@ class BasicFSDPEngine {
 
  public:
   /// Trains `model` (its parameters' dtype is the master dtype, float32 usually) under `options`
-  /// with `optim` over `total_steps` optimizer steps; `world_size` must be 1 here.
+  /// with `optim` over `total_steps` optimizer steps, on this process alone (`world_size` 1).
   BasicFSDPEngine(Model model, FSDPOptions options, OptimizerOptions optim, int64_t total_steps,
                   int64_t world_size = 1, int64_t bucket_bytes = int64_t{256} << 20)
-      : model_(std::move(model)), options_(options), bucket_bytes_(bucket_bytes) {
+      : BasicFSDPEngine(std::move(model), one_process(options, world_size), optim, total_steps, nullptr, bucket_bytes) {}
+
+  /// Trains `model` sharded over the ranks of `comm` (every rank passes the same model: the same
+  /// checkpoint or seed); nullptr or one rank is the single-process engine. Collective: every
+  /// rank constructs its engine, and then calls forward, backward, step, state_dict,
+  /// load_state_dict and export_weights in the same order.
+  BasicFSDPEngine(Model model, FSDPOptions options, OptimizerOptions optim, int64_t total_steps,
+                  std::shared_ptr<Communicator> comm, int64_t bucket_bytes = int64_t{256} << 20)
+      : model_(std::move(model)), options_(options), bucket_bytes_(bucket_bytes), comm_(std::move(comm)) {
     options_.validate();
-    options_.check_world(world_size);
-    HYBRIDRL_CHECK(world_size == 1,
-                   fmt::format("Sharding<FSDP>: this build's engine runs one process, the group has {}", world_size),
-                   "run one process for now (sharding over several ranks comes with the sharding issue)");
+    const int64_t world = comm_ ? comm_->size() : 1;
+    options_.check_world(world);
     model_->train();
-    std::vector<at::Tensor> params;
-    for (auto& p : model_->parameters()) {
-      if (p.requires_grad()) params.push_back(p);
-    }
-    optimizer_ = std::make_unique<Optimizer>(std::move(params), optim, total_steps);
     const auto master = model_->parameters().front().scalar_type();
-    LayerRunner runner = default_layer_runner();
-    if (options_.param_dtype() != master) runner = autocast_runner(options_.param_dtype(), runner);
-    if (options_.activation_checkpointing()) runner = activation_checkpoint_runner(runner);
-    model_->model->set_layer_runner(runner);
+    if (world == 1) {
+      std::vector<at::Tensor> params;
+      for (auto& p : model_->parameters()) {
+        if (p.requires_grad()) params.push_back(p);
+      }
+      optimizer_ = std::make_unique<Optimizer>(std::move(params), optim, total_steps);
+      LayerRunner runner = default_layer_runner();
+      if (options_.param_dtype() != master) runner = autocast_runner(options_.param_dtype(), runner);
+      if (options_.activation_checkpointing()) runner = activation_checkpoint_runner(runner);
+      model_->model->set_layer_runner(runner);
+      return;
+    }
+    HYBRIDRL_CHECK(model_->model->parallel().tp_size == 1,
+                   "Sharding<FSDP>: the model is tensor-parallel (tp_size > 1)",
+                   "shard a full model with FSDP; tensor parallelism is Sharding<TP3D>'s");
+    sh_ = std::make_unique<detail::fsdp::State>();
+    sh_->groups = detail::fsdp::make_groups(comm_, options_.shard_group_size());
+    auto& units = sh_->units;
+    const auto L = model_->model->config().num_hidden_layers;
+    units.resize(static_cast<size_t>(L) + 1);  // layers 0..L-1, then the root
+    for (int64_t i = 0; i < L; ++i) units[static_cast<size_t>(i)].name = fmt::format("model.layers.{}", i);
+    units.back().name = "root";
+    for (auto& item : model_->named_parameters()) {
+      const auto& name = item.key();
+      size_t u = units.size() - 1;
+      if (name.rfind("model.layers.", 0) == 0) u = std::stoul(name.substr(13, name.find('.', 13) - 13));
+      units[u].names.push_back(name);
+      units[u].params.push_back(item.value());
+    }
+    std::vector<at::Tensor> slices;
+    for (auto& u : units) {
+      HYBRIDRL_CHECK(!u.params.empty(), fmt::format("Sharding<FSDP>: unit '{}' has no parameters", u.name),
+                     "shard a Llama-family model (model.layers.N.* and the root parameters)");
+      detail::fsdp::init_unit(u, sh_->groups);
+      slices.push_back(u.slice);
+      shard_elements_ += u.slice.numel();
+      total_elements_ += u.numel;
+    }
+    optimizer_ = std::make_unique<Optimizer>(std::move(slices), optim, total_steps);
+    optimizer_->set_norm_group(sh_->groups.shard.get());  // the slices of one shard group tile the model
+    model_->model->set_layer_runner(detail::fsdp::sharded_layer_runner(
+        &sh_->units, &sh_->groups, options_.param_dtype(), options_.reduce_dtype(), options_.activation_checkpointing()));
+  }
+
+  /// `options` checked for a group of `world_size` ranks that has no Communicator (must be 1).
+  static FSDPOptions one_process(const FSDPOptions& options, int64_t world_size) {
+    options.validate();
+    options.check_world(world_size);
+    HYBRIDRL_CHECK(world_size == 1,
+                   fmt::format("Sharding<FSDP>: a group of {} ranks needs their Communicator", world_size),
+                   "construct the engine with the data-parallel Communicator (Sharding<FSDP>::make(..., comm))");
+    return options;
+  }
+
+  /// Ranks the parameters are sharded over (1: the single-process engine).
+  [[nodiscard]] int64_t shard_count() const noexcept { return sh_ ? sh_->groups.shards() : 1; }
+  /// Parameter elements this rank stores (its slices; the whole model on one process) and the
+  /// model's: a rank's parameter, gradient and AdamW memory is about total / shard_count.
+  [[nodiscard]] int64_t local_parameter_elements() const {
+    if (sh_) return shard_elements_;
+    int64_t n = 0;
+    for (const auto& p : model_->parameters()) n += p.numel();
+    return n;
+  }
+  [[nodiscard]] int64_t total_parameter_elements() const {
+    if (sh_) return total_elements_;
+    return local_parameter_elements();
   }
 
   /// How forward() computes log-probs (the trainer sets the rollout's temperature here).
@@ -133,7 +202,8 @@ class BasicFSDPEngine {
     if (batch.has(keys::attention_mask)) args.attention_mask(batch.tensor(keys::attention_mask));
     if (batch.has(keys::position_ids)) args.position_ids(batch.tensor(keys::position_ids));
     if (batch.has(keys::cu_seqlens)) args.cu_seqlens(batch.tensor(keys::cu_seqlens));
-    const auto dev = model_->parameters().front().device();
+    if (sh_) detail::fsdp::gather(sh_->units.back(), sh_->groups, options_.param_dtype());  // the root, until step()
+    const auto dev = sh_ ? sh_->units.back().slice.device() : model_->parameters().front().device();
     const auto ids = batch.tensor(keys::input_ids).to(dev);
     auto to_responses = [&](at::Tensor x) {
       if (!batch.has(keys::responses) || !x.defined()) return x;
@@ -154,27 +224,78 @@ class BasicFSDPEngine {
     }
   }
 
-  /// Accumulates the gradients of `loss`.
-  void backward(const at::Tensor& loss) { loss.backward(); }
+  /// Accumulates the gradients of `loss` (sharded: averaged over the ranks into this rank's
+  /// slices; each rank's loss is the mean over its share of the batch).
+  void backward(const at::Tensor& loss) {
+    loss.backward();
+    if (!sh_) return;
+    auto& root = sh_->units.back();  // its gradient is in the full parameters: reduce it into the slice
+    std::vector<at::Tensor> grads;
+    for (auto& p : root.params) grads.push_back(p.grad());
+    auto part = detail::fsdp::reduce_unit_grad(root, sh_->groups, grads, options_.reduce_dtype());
+    c10::NoGradGuard ng;
+    if (root.slice.grad().defined()) {
+      root.slice.mutable_grad().add_(part);
+    } else {
+      root.slice.mutable_grad() = part;
+    }
+    for (auto& p : root.params) p.mutable_grad().reset();
+  }
 
   /// Clips, steps AdamW at the schedule's rate (or skips a non-finite step), zeroes the
   /// gradients; returns the 0-d gradient norm before clipping.
   at::Tensor step() {
     last_ = optimizer_->step();
+    if (sh_) detail::fsdp::release(sh_->units.back());  // gathered again, updated, at the next forward
     return last_.grad_norm;
   }
   /// What the last step() did (its learning rate, whether it was skipped).
   [[nodiscard]] const Optimizer::Result& last_step() const noexcept { return last_; }
 
-  /// Parameters under "model.<Hugging Face name>" and the optimizer under "optimizer.".
+  /// This rank's state: on one process the parameters under "model.<Hugging Face name>";
+  /// sharded, the rank's slices under "fsdp.<unit>.slice" (unit "model.layers.N" or "root") with
+  /// "fsdp.shards" and "fsdp.shard_rank"; and the optimizer (of the parameters or of the slices)
+  /// under "optimizer.".
   [[nodiscard]] StateDict state_dict() const {
     StateDict s = optimizer_->state_dict("optimizer.");
+    if (sh_) {
+      for (const auto& u : sh_->units) s["fsdp." + u.name + ".slice"] = u.slice.detach().clone();
+      s["fsdp.shards"] = at::scalar_tensor(static_cast<int64_t>(sh_->groups.shards()), at::kLong);
+      s["fsdp.shard_rank"] = at::scalar_tensor(static_cast<int64_t>(sh_->groups.shard->rank()), at::kLong);
+      return s;
+    }
     for (const auto& p : model_->named_parameters()) s["model." + p.key()] = p.value().detach().clone();
     return s;
   }
-  /// Restores what state_dict wrote.
+  /// Restores what state_dict wrote (sharded: a state of the same shard count and rank).
   void load_state_dict(const StateDict& s) {
     c10::NoGradGuard g;
+    if (sh_) {
+      auto get = [&](const std::string& k) -> const at::Tensor& {
+        auto it = s.find(k);
+        HYBRIDRL_CHECK(it != s.end(), fmt::format("Sharding<FSDP>.load_state_dict: the state has no '{}'", k),
+                       "load a checkpoint this rank wrote with the same number of ranks and model config");
+        return it->second;
+      };
+      const auto shards = get("fsdp.shards").template item<int64_t>(), rank = get("fsdp.shard_rank").template item<int64_t>();
+      HYBRIDRL_CHECK(shards == sh_->groups.shards() && rank == sh_->groups.shard->rank(),
+                     fmt::format("Sharding<FSDP>.load_state_dict: the state is shard {} of {}, this rank is shard {} of {}",
+                                 rank, shards, sh_->groups.shard->rank(), sh_->groups.shards()),
+                     "resume with the number of ranks the checkpoint was written with");
+      for (const auto& u : sh_->units) {
+        const auto& t = get("fsdp." + u.name + ".slice");
+        HYBRIDRL_CHECK(t.sizes() == u.slice.sizes(),
+                       fmt::format("Sharding<FSDP>.load_state_dict: 'fsdp.{}.slice' has {} elements, this rank's slice {}",
+                                   u.name, t.numel(), u.slice.numel()),
+                       "load a checkpoint of a model with the same config");
+      }
+      optimizer_->load_state_dict(s, "optimizer.");
+      for (auto& u : sh_->units) {
+        detail::fsdp::release(u);
+        u.slice.detach().copy_(s.at("fsdp." + u.name + ".slice"));
+      }
+      return;
+    }
     auto params = model_->named_parameters();
     for (auto& p : params) {  // check everything before changing anything
       auto it = s.find("model." + p.key());
@@ -190,13 +311,59 @@ class BasicFSDPEngine {
   }
 
   /// The weights for `spec` (full or a tensor-parallel shard, in its dtype), bucket by bucket.
+  /// Sharded: one unit at a time is all-gathered (master dtype), cut for `spec` and bucketed, so
+  /// beyond the bucket a rank holds one unit's full weights at most; every rank receives them.
   void export_weights(const WeightSpec& spec, const WeightSink& sink) const
     requires(!is_critic)
   {
-    hybridrl::export_weights(model_->named_parameters(), spec, bucket_bytes_, sink);
+    if (!sh_) {
+      hybridrl::export_weights(model_->named_parameters(), spec, bucket_bytes_, sink);
+      return;
+    }
+    spec.validate();
+    HYBRIDRL_CHECK(static_cast<bool>(sink), "export_weights: no sink given",
+                   "pass the rollout engine's load_weights, e.g. [&](const WeightBucket& b) { engine.load_weights(b); }");
+    WeightBucket bucket;
+    int64_t bytes = 0;
+    auto flush = [&] {
+      if (bucket.empty()) return;
+      sink(bucket);
+      bucket.clear();
+      bytes = 0;
+    };
+    for (const auto& u : sh_->units) {
+      const auto full = detail::fsdp::gather_flat(u, sh_->groups, u.slice.scalar_type());
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        auto t = export_shard(u.names[i], full.narrow(0, u.offsets[i], detail::fsdp::numel_of(u.shapes[i])).view(u.shapes[i]), spec);
+        if (t.data_ptr() == full.data_ptr() || t.is_alias_of(full)) t = t.clone();  // never a view of the unit
+        const auto size = static_cast<int64_t>(t.numel() * t.element_size());
+        if (bytes > 0 && bytes + size > bucket_bytes_) flush();
+        bucket.push_back({u.names[i], std::move(t)});
+        bytes += size;
+        if (bytes >= bucket_bytes_) flush();
+      }
+    }
+    flush();
   }
 
-  /// The model being trained.
+  /// Sharded: all-gathers every unit into the model's parameters in the master dtype, so that
+  /// model() holds the full trained weights (to save them with save_pretrained); reshard() frees
+  /// them again before training continues. One process: nothing to do.
+  void materialize() {
+    if (!sh_) return;
+    for (auto& u : sh_->units) {
+      detail::fsdp::release(u);
+      detail::fsdp::gather(u, sh_->groups, u.slice.scalar_type());
+    }
+  }
+  /// Frees what materialize() gathered.
+  void reshard() {
+    if (!sh_) return;
+    for (auto& u : sh_->units) detail::fsdp::release(u);
+  }
+
+  /// The model being trained (sharded: its parameters are empty except while a unit runs, or
+  /// after materialize()).
   [[nodiscard]] const Model& model() const noexcept { return model_; }
   [[nodiscard]] const Optimizer& optimizer() const noexcept { return *optimizer_; }
 
@@ -207,6 +374,9 @@ class BasicFSDPEngine {
   std::unique_ptr<Optimizer> optimizer_;
   LogProbOptions log_prob_options_;
   Optimizer::Result last_;
+  std::shared_ptr<Communicator> comm_;
+  std::unique_ptr<detail::fsdp::State> sh_;  // sharded only; behind a pointer: the layer runner holds its address
+  int64_t shard_elements_ = 0, total_elements_ = 0;
 };
 /// The policy's engine.
 using FSDPEngine = BasicFSDPEngine<CausalLM>;
@@ -231,6 +401,11 @@ struct Sharding<FSDP> {
   static engine_type make(CausalLM model, const FSDPOptions& options, const OptimizerOptions& optim,
                           int64_t total_steps, int64_t world_size = 1) {
     return FSDPEngine(std::move(model), options, optim, total_steps, world_size);
+  }
+  /// The engine training `model` sharded over the ranks of `comm` (the data-parallel group).
+  static engine_type make(CausalLM model, const FSDPOptions& options, const OptimizerOptions& optim,
+                          int64_t total_steps, std::shared_ptr<Communicator> comm) {
+    return FSDPEngine(std::move(model), options, optim, total_steps, std::move(comm));
   }
   /// The engine training the critic `model` (PPO's value model), under the same sharding options
   /// and its own optimizer options.

@@ -26,6 +26,7 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/detail/compat.hpp"
+#include "hybridrl/distributed/communicator.hpp"
 
 namespace hybridrl {
 
@@ -90,14 +91,18 @@ inline double lr_factor(const OptimizerOptions& o, int64_t step, int64_t total_s
 /// The global L2 norm of the gradients of `params` (0-d float32, float64 for float64 gradients, on their device; parameters
 /// without a gradient are skipped), and, when `max_norm` > 0, the gradients scaled in place by
 /// min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does. No host
-/// synchronisation. A non-finite norm leaves the gradients as they are.
-inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+/// synchronisation. A non-finite norm leaves the gradients as they are. With `group`, `params`
+/// are this rank's part of a model sharded over the group (disjoint slices that together tile
+/// it): the norm is the global one, the square sums all-reduced (collective: every rank calls).
+inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                                 Communicator* group = nullptr) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (grads.empty()) return at::zeros({}, at::kFloat);
+  const bool global = group != nullptr && group->size() > 1;
+  if (grads.empty() && !global) return at::zeros({}, at::kFloat);
   // accumulate in float32, or in float64 when a gradient is (half and bf16 gradients: float32)
   auto acc = at::kFloat;
   for (const auto& g : grads) {
@@ -106,7 +111,14 @@ inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double m
   std::vector<at::Tensor> squares;
   squares.reserve(grads.size());
   for (const auto& g : grads) squares.push_back(g.to(acc).pow(2).sum());
-  auto norm = at::stack(squares).sum().sqrt();
+  auto sq = squares.empty() ? at::zeros({}, params.empty() ? at::TensorOptions(acc) : params.front().options().dtype(acc))
+                            : at::stack(squares).sum();
+  if (global) {
+    auto all = sq.reshape({1});
+    group->all_reduce(all, ReduceOp::sum);
+    sq = all.reshape({});
+  }
+  auto norm = sq.sqrt();
   if (max_norm > 0.0) {
     // finite: min(1, max / (norm + 1e-6)); not finite: 1 (the step is skipped anyway)
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
@@ -150,7 +162,7 @@ class Optimizer {
   Result step() {
     Result r;
     r.lr = options_.lr() * lr_factor(options_, step_, total_steps_);
-    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm());
+    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_);
     r.skipped = !r.grad_norm.isfinite().item<bool>();
     if (!r.skipped) {
       for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
@@ -162,6 +174,10 @@ class Optimizer {
     ++step_;
     return r;
   }
+
+  /// The group over which `params` tile the model (a sharded engine's shard group): the gradient
+  /// norm, and so clipping and the non-finite skip, are global over it. nullptr: this rank alone.
+  void set_norm_group(Communicator* group) noexcept { norm_group_ = group; }
 
   /// Optimizer steps taken (skipped ones included).
   [[nodiscard]] int64_t steps() const noexcept { return step_; }
@@ -228,6 +244,7 @@ class Optimizer {
   OptimizerOptions options_;
   int64_t total_steps_;
   std::unique_ptr<torch::optim::AdamW> adam_;
+  Communicator* norm_group_ = nullptr;
   int64_t step_ = 0, skipped_ = 0;
 };
 

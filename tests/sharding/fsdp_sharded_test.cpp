@@ -1,0 +1,179 @@
+// Sharding<FSDP> over several ranks (threads of this process, over hybridrl's thread group and
+// over c10d Gloo where LibTorch ships it): training on each rank's share of the batch equals one
+// process training on the whole batch (fp32, the same steps: gradient norms, the weights after
+// three steps with two micro-batches each, with and without recompute, full and hybrid
+// sharding); a rank stores 1/world of the parameters and of the AdamW state; export_weights hands
+// every rank the full weights bit for bit; state_dict resumes bit for bit; errors.
+
+#include <hybridrl/model/pretrained.hpp>
+#include <hybridrl/sharding/fsdp.hpp>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../support/gloo.hpp"
+#include "../support/tensors.hpp"
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
+
+using namespace hybridrl;
+using hybridrl::testing::contains;
+using hybridrl::testing::error_of;
+
+namespace hybridrl::testing {
+inline CausalLM sharded_fixture() { return load_causal_lm(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama"); }
+
+// Eight rows of varied lengths (right padding), the last tokens of each the "response"; rows
+// [r * n, (r + 1) * n) are rank r's share, and micro-batch m of a share its m-th half.
+inline TensorBatch sharded_rows(int64_t first, int64_t count) {
+  const int64_t T = 9;
+  auto ids = at::zeros({count, T}, at::kLong), mask = at::zeros({count, T}, at::kLong), rmask = at::zeros({count, T}, at::kLong);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = first + i, len = 5 + row % 5;
+    for (int64_t t = 0; t < len; ++t) ids[i][t] = (row * 37 + t * 11) % 300 + 3;
+    mask[i].narrow(0, 0, len).fill_(1);
+    rmask[i].narrow(0, len - 3, 3).fill_(1);
+  }
+  return TensorBatch({{keys::input_ids.str(), ids},
+                      {keys::attention_mask.str(), mask},
+                      {keys::response_mask.str(), rmask}});
+}
+// Mean over rows of each row's mean response log-prob, negated: a rank's loss over its share, so
+// the ranks' average is the loss of the whole batch (equal shares).
+inline at::Tensor row_mean_loss(FSDPEngine& e, const TensorBatch& b) {
+  auto lp = e.forward(b).tensor(keys::log_probs);
+  auto m = b.tensor(keys::response_mask).to(lp.dtype());
+  return -((lp * m).sum(1) / m.sum(1)).mean();
+}
+// Full weights by name, from export_weights.
+inline std::map<std::string, at::Tensor> exported(const FSDPEngine& e, int64_t* buckets = nullptr) {
+  std::map<std::string, at::Tensor> out;
+  int64_t n = 0;
+  e.export_weights(WeightSpec{}, [&](const WeightBucket& b) {
+    ++n;
+    for (const auto& t : b) out[t.name] = t.tensor.clone();
+  });
+  if (buckets != nullptr) *buckets = n;
+  return out;
+}
+// Three steps, each two micro-batches of this engine's share [first, first + rows): the gradient norms.
+inline std::vector<double> train_three(FSDPEngine& e, int64_t first, int64_t rows) {
+  std::vector<double> norms;
+  for (int step = 0; step < 3; ++step) {
+    const int64_t half = rows / 2;
+    for (int m = 0; m < 2; ++m) e.backward(row_mean_loss(e, sharded_rows(first + m * half, half)) / 2);
+    norms.push_back(e.step().item<double>());
+  }
+  return norms;
+}
+inline std::shared_ptr<Communicator> borrowed(Communicator& c) {
+  return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+}
+inline double norm_rel(const at::Tensor& a, const at::Tensor& b) {
+  return ((a - b).norm() / b.norm().clamp_min(1e-12)).item<double>();
+}
+}  // namespace hybridrl::testing
+
+using namespace hybridrl::testing;
+
+TEST_SUITE("sharding/fsdp_sharded") {
+  TEST_CASE("FSDP over 2 and 4 ranks trains as one process does (thread group and Gloo; recompute or not; hybrid)") {
+    const auto optim = OptimizerOptions{}.lr(1e-2).max_grad_norm(0.5).weight_decay(0.1);
+    const int64_t rows = 8;
+    for (const bool recompute : {true, false}) {
+      CAPTURE(recompute);
+      const auto opts = FSDPOptions{}.param_dtype(at::kFloat).activation_checkpointing(recompute);
+      FSDPEngine one(sharded_fixture(), opts, optim, 10);
+      const auto ref_norms = train_three(one, 0, rows);
+      const auto ref = exported(one);
+      for (const auto& backend : backends()) {
+        for (const auto& [world, group] : std::vector<std::pair<int, int64_t>>{{2, -1}, {4, -1}, {4, 2}}) {
+          CAPTURE(backend);
+          CAPTURE(world);
+          CAPTURE(group);
+          std::mutex m;
+          std::vector<std::vector<double>> norms(static_cast<size_t>(world));
+          std::vector<std::map<std::string, at::Tensor>> weights(static_cast<size_t>(world));
+          std::vector<int64_t> local(static_cast<size_t>(world)), total(static_cast<size_t>(world));
+          run_on(backend, world, [&](Communicator& comm) {
+            FSDPEngine e(sharded_fixture(), FSDPOptions(opts).shard_group_size(group), optim, 10, borrowed(comm));
+            const int64_t share = rows / world;
+            auto n = train_three(e, comm.rank() * share, share);
+            auto w = exported(e);
+            std::lock_guard<std::mutex> lock(m);
+            norms[static_cast<size_t>(comm.rank())] = n;
+            weights[static_cast<size_t>(comm.rank())] = std::move(w);
+            local[static_cast<size_t>(comm.rank())] = e.local_parameter_elements();
+            total[static_cast<size_t>(comm.rank())] = e.total_parameter_elements();
+          });
+          for (int r = 0; r < world; ++r) {
+            CAPTURE(r);
+            for (size_t s = 0; s < 3; ++s) CHECK(norms[static_cast<size_t>(r)][s] == doctest::Approx(ref_norms[s]).epsilon(1e-5));
+            REQUIRE(weights[static_cast<size_t>(r)].size() == ref.size());
+            double worst = 0;
+            // per tensor ||a - b|| / ||b||: the fp32 sums run in another order, and AdamW's m / sqrt(v)
+            // magnifies the rounding of near-zero gradient elements (max |a - b| ~ 4e-5 at lr 1e-2)
+            std::string worst_name;
+            for (const auto& [name, t] : ref) {
+              const auto d = norm_rel(weights[static_cast<size_t>(r)].at(name), t);
+              if (d > worst) worst = d, worst_name = name;
+            }
+            CAPTURE(worst_name);
+            CHECK(worst <= 1e-5);
+            // a rank stores 1/shards of the parameters (each unit padded to a multiple of the shard count)
+            const int64_t shards = group < 0 ? world : group;
+            CHECK(total[static_cast<size_t>(r)] == one.total_parameter_elements());
+            CHECK(local[static_cast<size_t>(r)] * shards >= total[static_cast<size_t>(r)]);
+            CHECK(local[static_cast<size_t>(r)] * shards <= total[static_cast<size_t>(r)] + 3 * shards);  // 3 units
+          }
+          // the weights moved (the comparison is not of untrained models)
+          CHECK(norm_rel(ref.at("model.layers.0.mlp.up_proj.weight"),
+                        sharded_fixture()->named_parameters()["model.layers.0.mlp.up_proj.weight"]) > 1e-3);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("sharded state: AdamW state is this rank's share; export in buckets; resume bit for bit; errors") {
+    const auto optim = OptimizerOptions{}.lr(1e-2);
+    const auto opts = FSDPOptions{}.param_dtype(at::kFloat);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FSDPEngine e(sharded_fixture(), opts, optim, 10, borrowed(comm), int64_t{16} << 10);  // 16 KiB buckets
+      (void)train_three(e, comm.rank() * 4, 4);
+      const auto state = e.state_dict();
+      int64_t adam = 0;
+      for (const auto& [k, v] : state) {
+        if (k.size() > 8 && k.substr(k.size() - 8) == ".exp_avg") adam += v.numel();
+      }
+      CHECK(adam == e.local_parameter_elements());
+      CHECK(state.at("fsdp.shards").item<int64_t>() == 2);
+      // buckets: a small bucket size gives many, each the full weights by the end
+      int64_t buckets = 0;
+      const auto full = exported(e, &buckets);
+      CHECK(buckets >= 3);
+      CHECK(full.at("model.embed_tokens.weight").sizes() == at::IntArrayRef({320, 64}));
+      // materialize: the model's own parameters hold the same weights
+      e.materialize();
+      for (const auto& p : e.model()->named_parameters()) CHECK(at::equal(p.value(), full.at(p.key())));
+      e.reshard();
+      CHECK(e.model()->named_parameters()["model.layers.1.self_attn.q_proj.weight"].numel() == 0);
+      // resume: a fresh engine loaded from the state continues as the first
+      FSDPEngine f(sharded_fixture(), opts, optim, 10, borrowed(comm));
+      f.load_state_dict(state);
+      (void)train_three(e, comm.rank() * 4, 4);
+      (void)train_three(f, comm.rank() * 4, 4);
+      const auto a = exported(e), b = exported(f);
+      for (const auto& [name, t] : a) CHECK(at::equal(t, b.at(name)));
+      // a state of another rank is refused before anything changes
+      auto other = state;
+      other["fsdp.shard_rank"] = at::scalar_tensor(int64_t{1 - comm.rank()}, at::kLong);
+      CHECK(contains(error_of([&] { f.load_state_dict(other); }), "resume with the number of ranks"));
+    });
+    CHECK(contains(error_of([] { FSDPEngine(sharded_fixture(), FSDPOptions{}, OptimizerOptions{}, 10, 2); }),
+                   "a group of 2 ranks needs their Communicator"));
+  }
+}
