@@ -135,12 +135,16 @@ class BasicFSDPEngine {
     units.resize(static_cast<size_t>(L) + 1);  // layers 0..L-1, then the root
     for (int64_t i = 0; i < L; ++i) units[static_cast<size_t>(i)].name = fmt::format("model.layers.{}", i);
     units.back().name = "root";
+    int64_t index = 0;  // the position of each parameter in the one-process engine's optimizer
     for (auto& item : model_->named_parameters()) {
       const auto& name = item.key();
+      HYBRIDRL_CHECK(item.value().requires_grad(), fmt::format("Sharding<FSDP>: parameter '{}' is frozen", name),
+                     "train every parameter under sharding (or shard a model without frozen parameters)");
       size_t u = units.size() - 1;
       if (name.rfind("model.layers.", 0) == 0) u = std::stoul(name.substr(13, name.find('.', 13) - 13));
       units[u].names.push_back(name);
       units[u].params.push_back(item.value());
+      units[u].index.push_back(index++);
     }
     std::vector<at::Tensor> slices;
     for (auto& u : units) {
@@ -252,60 +256,98 @@ class BasicFSDPEngine {
   /// What the last step() did (its learning rate, whether it was skipped).
   [[nodiscard]] const Optimizer::Result& last_step() const noexcept { return last_; }
 
-  /// This rank's state: on one process the parameters under "model.<Hugging Face name>";
-  /// sharded, the rank's slices under "fsdp.<unit>.slice" (unit "model.layers.N" or "root") with
-  /// "fsdp.shards" and "fsdp.shard_rank"; and the optimizer (of the parameters or of the slices)
-  /// under "optimizer.".
+  /// The state: the parameters under "model.<Hugging Face name>" and the optimizer under
+  /// "optimizer." (AdamW's moments per parameter, by the parameter's position). Sharded, the same
+  /// keys and shapes, the slices all-gathered unit by unit (collective): a sharded run's state is
+  /// a one-process state, so it resumes on any number of ranks (FSDP's full state dict; every rank
+  /// holds it while it is saved).
   [[nodiscard]] StateDict state_dict() const {
-    StateDict s = optimizer_->state_dict("optimizer.");
-    if (sh_) {
-      for (const auto& u : sh_->units) s["fsdp." + u.name + ".slice"] = u.slice.detach().clone();
-      s["fsdp.shards"] = at::scalar_tensor(static_cast<int64_t>(sh_->groups.shards()), at::kLong);
-      s["fsdp.shard_rank"] = at::scalar_tensor(static_cast<int64_t>(sh_->groups.shard->rank()), at::kLong);
+    if (!sh_) {
+      StateDict s = optimizer_->state_dict("optimizer.");
+      for (const auto& p : model_->named_parameters()) s["model." + p.key()] = p.value().detach().clone();
       return s;
     }
-    for (const auto& p : model_->named_parameters()) s["model." + p.key()] = p.value().detach().clone();
+    const auto opt = optimizer_->state_dict("");
+    StateDict s;
+    s["optimizer.step"] = opt.at("step");
+    s["optimizer.skipped"] = opt.at("skipped");
+    const auto& units = sh_->units;
+    for (size_t ui = 0; ui < units.size(); ++ui) {
+      const auto& u = units[ui];
+      const auto dtype = u.slice.scalar_type();
+      auto unflat = [&](const at::Tensor& flat, size_t i) {
+        return flat.narrow(0, u.offsets[i], detail::fsdp::numel_of(u.shapes[i])).view(u.shapes[i]).clone();
+      };
+      const auto w = detail::fsdp::gather_flat(u, sh_->groups, dtype);
+      for (size_t i = 0; i < u.params.size(); ++i) s["model." + u.names[i]] = unflat(w, i);
+      const auto key = std::to_string(ui) + ".";
+      if (opt.count(key + "exp_avg") == 0) continue;  // never stepped
+      const auto m = detail::fsdp::gather_slices(opt.at(key + "exp_avg"), u.padded, sh_->groups, dtype);
+      const auto v = detail::fsdp::gather_slices(opt.at(key + "exp_avg_sq"), u.padded, sh_->groups, dtype);
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        const auto k = "optimizer." + std::to_string(u.index[i]) + ".";
+        s[k + "exp_avg"] = unflat(m, i);
+        s[k + "exp_avg_sq"] = unflat(v, i);
+        s[k + "step"] = opt.at(key + "step").clone();
+      }
+    }
     return s;
   }
-  /// Restores what state_dict wrote (sharded: a state of the same shard count and rank).
+  /// Restores what state_dict wrote, on one process or sharded, whatever the number of ranks that
+  /// wrote it (each rank keeps its slices). Everything is checked before anything changes.
   void load_state_dict(const StateDict& s) {
     c10::NoGradGuard g;
+    auto model_tensor = [&](const std::string& name, const std::vector<int64_t>& shape) -> const at::Tensor& {
+      auto it = s.find("model." + name);
+      HYBRIDRL_CHECK(it != s.end(), fmt::format("Sharding<FSDP>.load_state_dict: the state has no 'model.{}'", name),
+                     "load a checkpoint of a model with the same config");
+      HYBRIDRL_CHECK(it->second.sizes() == at::IntArrayRef(shape),
+                     fmt::format("Sharding<FSDP>.load_state_dict: 'model.{}' has shape [{}], the model [{}]", name,
+                                 fmt::join(it->second.sizes(), ", "), fmt::join(shape, ", ")),
+                     "load a checkpoint of a model with the same config");
+      return it->second;
+    };
     if (sh_) {
-      auto get = [&](const std::string& k) -> const at::Tensor& {
+      auto& units = sh_->units;
+      std::vector<at::Tensor> slices;
+      std::map<std::string, at::Tensor> opt;
+      auto need = [&](const std::string& k) -> const at::Tensor& {
         auto it = s.find(k);
         HYBRIDRL_CHECK(it != s.end(), fmt::format("Sharding<FSDP>.load_state_dict: the state has no '{}'", k),
-                       "load a checkpoint this rank wrote with the same number of ranks and model config");
+                       "load a state written by Sharding<FSDP>'s state_dict for the same model");
         return it->second;
       };
-      const auto shards = get("fsdp.shards").template item<int64_t>(), rank = get("fsdp.shard_rank").template item<int64_t>();
-      HYBRIDRL_CHECK(shards == sh_->groups.shards() && rank == sh_->groups.shard->rank(),
-                     fmt::format("Sharding<FSDP>.load_state_dict: the state is shard {} of {}, this rank is shard {} of {}",
-                                 rank, shards, sh_->groups.shard->rank(), sh_->groups.shards()),
-                     "resume with the number of ranks the checkpoint was written with");
-      for (const auto& u : sh_->units) {
-        const auto& t = get("fsdp." + u.name + ".slice");
-        HYBRIDRL_CHECK(t.sizes() == u.slice.sizes(),
-                       fmt::format("Sharding<FSDP>.load_state_dict: 'fsdp.{}.slice' has {} elements, this rank's slice {}",
-                                   u.name, t.numel(), u.slice.numel()),
-                       "load a checkpoint of a model with the same config");
+      opt["step"] = need("optimizer.step");
+      opt["skipped"] = need("optimizer.skipped");
+      for (size_t ui = 0; ui < units.size(); ++ui) {
+        const auto& u = units[ui];
+        std::vector<at::Tensor> w, m, v;
+        for (size_t i = 0; i < u.params.size(); ++i) w.push_back(model_tensor(u.names[i], u.shapes[i]));
+        slices.push_back(detail::fsdp::slice_of(u, sh_->groups, w));
+        const auto first = "optimizer." + std::to_string(u.index.front()) + ".";
+        if (s.count(first + "exp_avg") == 0) continue;
+        for (size_t i = 0; i < u.params.size(); ++i) {
+          const auto k = "optimizer." + std::to_string(u.index[i]) + ".";
+          m.push_back(need(k + "exp_avg"));
+          v.push_back(need(k + "exp_avg_sq"));
+          HYBRIDRL_CHECK(m.back().sizes() == at::IntArrayRef(u.shapes[i]) && v.back().sizes() == at::IntArrayRef(u.shapes[i]),
+                         fmt::format("Sharding<FSDP>.load_state_dict: the AdamW state of '{}' has another shape", u.names[i]),
+                         "load a checkpoint of a model with the same config");
+        }
+        const auto key = std::to_string(ui) + ".";
+        opt[key + "exp_avg"] = detail::fsdp::slice_of(u, sh_->groups, m);
+        opt[key + "exp_avg_sq"] = detail::fsdp::slice_of(u, sh_->groups, v);
+        opt[key + "step"] = need(first + "step");
       }
-      optimizer_->load_state_dict(s, "optimizer.");
-      for (auto& u : sh_->units) {
-        detail::fsdp::release(u);
-        u.slice.detach().copy_(s.at("fsdp." + u.name + ".slice"));
+      optimizer_->load_state_dict(opt, "");
+      for (size_t ui = 0; ui < units.size(); ++ui) {
+        detail::fsdp::release(units[ui]);
+        units[ui].slice.detach().copy_(slices[ui]);
       }
       return;
     }
     auto params = model_->named_parameters();
-    for (auto& p : params) {  // check everything before changing anything
-      auto it = s.find("model." + p.key());
-      HYBRIDRL_CHECK(it != s.end(), fmt::format("Sharding<FSDP>.load_state_dict: the state has no 'model.{}'", p.key()),
-                     "load a checkpoint of a model with the same config");
-      HYBRIDRL_CHECK(it->second.sizes() == p.value().sizes(),
-                     fmt::format("Sharding<FSDP>.load_state_dict: 'model.{}' has shape [{}], the model [{}]", p.key(),
-                                 fmt::join(it->second.sizes(), ", "), fmt::join(p.value().sizes(), ", ")),
-                     "load a checkpoint of a model with the same config");
-    }
+    for (auto& p : params) (void)model_tensor(p.key(), p.value().sizes().vec());  // all checked first
     optimizer_->load_state_dict(s, "optimizer.");
     for (auto& p : params) p.value().copy_(s.at("model." + p.key()));
   }

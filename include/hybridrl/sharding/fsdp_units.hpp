@@ -89,6 +89,7 @@ struct Unit {
   std::vector<at::Tensor> params;                  ///< the model's parameter tensors
   std::vector<std::vector<int64_t>> shapes;        ///< their full shapes
   std::vector<int64_t> offsets;                    ///< their offsets in the flat unit
+  std::vector<int64_t> index;                      ///< their positions in the model's trainable parameters
   int64_t numel = 0;                               ///< elements of the unit
   int64_t padded = 0;                              ///< numel rounded up to a multiple of the shard count
   at::Tensor slice;                                ///< [padded / shards] master dtype, a leaf with grad
@@ -125,17 +126,32 @@ inline void init_unit(Unit& u, const Groups& g) {
   u.gathered = false;
 }
 
-/// The whole flat unit `u` [padded], all-gathered from the ranks' slices, in `dtype`.
-inline at::Tensor gather_flat(const Unit& u, const Groups& g, at::ScalarType dtype) {
+/// The whole flat unit [padded] of which `local` is this rank's slice (the parameters, or a
+/// slice-shaped optimizer moment), all-gathered over the shard group, in `dtype`.
+inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, const Groups& g, at::ScalarType dtype) {
   c10::NoGradGuard ng;
-  const auto local = u.slice.detach().to(dtype);
-  at::Tensor full = at::empty({u.padded}, local.options());
+  const auto local = local_slice.detach().to(dtype);
+  at::Tensor full = at::empty({padded}, local.options());
   if (g.shards() > 1) {
     g.shard->all_gather_into(full, local);
   } else {
     full.copy_(local);
   }
   return full;
+}
+
+/// The whole flat unit `u` [padded], all-gathered from the ranks' slices, in `dtype`.
+inline at::Tensor gather_flat(const Unit& u, const Groups& g, at::ScalarType dtype) {
+  return gather_slices(u.slice, u.padded, g, dtype);
+}
+
+/// This rank's slice of a unit given as one tensor per parameter (full shapes): [padded / shards].
+inline at::Tensor slice_of(const Unit& u, const Groups& g, const std::vector<at::Tensor>& full) {
+  c10::NoGradGuard ng;
+  at::Tensor flat = at::zeros({u.padded}, u.slice.options().requires_grad(false));
+  for (size_t i = 0; i < full.size(); ++i) flat.narrow(0, u.offsets[i], full[i].numel()).copy_(full[i].reshape({-1}));
+  const auto part = u.padded / g.shards();
+  return flat.narrow(0, (g.shard ? g.shard->rank() : 0) * part, part).clone();
 }
 
 /// All-gathers `u` into its parameters, in `dtype`.
