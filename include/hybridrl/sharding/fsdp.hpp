@@ -455,6 +455,11 @@ struct Sharding<FSDP> {
                                         int64_t total_steps, int64_t world_size = 1) {
     return FSDPCriticEngine(std::move(model), options, optim, total_steps, world_size);
   }
+  /// The critic's engine sharded over the ranks of `comm`.
+  static critic_engine_type make_critic(ValueModel model, const FSDPOptions& options, const OptimizerOptions& optim,
+                                        int64_t total_steps, std::shared_ptr<Communicator> comm) {
+    return FSDPCriticEngine(std::move(model), options, optim, total_steps, std::move(comm));
+  }
 };
 static_assert(sharding_policy<Sharding<FSDP>>,
               "hybridrl: Sharding<FSDP> must model sharding_policy (sharding/concepts.hpp)");

@@ -12,7 +12,8 @@
 /// frees them at once (the layer keeps no activations: activation checkpointing); backward gathers
 /// again, recomputes, differentiates, reduce-scatters the unit's gradient straight into this rank's
 /// slice (the slice's .grad accumulates over micro-batches) and frees. Without recompute the
-/// gathered weights and the layer's graph stay until its backward. The root unit is gathered at
+/// gathered weights and the layer's graph stay until its backward (until the last one, when
+/// several forwards — DPO's chosen and rejected — feed one loss). The root unit is gathered at
 /// the first forward after a step and stays until the next step; its gradient is reduce-scattered
 /// when backward() returns. So between steps a rank holds 1/world of the parameters (fp32), of the
 /// gradients and of the AdamW state; while a step runs, one layer's full weights and gradients more
@@ -94,6 +95,7 @@ struct Unit {
   int64_t padded = 0;                              ///< numel rounded up to a multiple of the shard count
   at::Tensor slice;                                ///< [padded / shards] master dtype, a leaf with grad
   bool gathered = false;
+  int pending = 0;  ///< kept graphs (no recompute) still to run backward through the gathered weights
 };
 
 /// A sharded engine's state: its groups and units (layers 0..L-1, then the root).
@@ -213,6 +215,17 @@ struct FSDPLayerBackward : torch::autograd::Node {
   bool input_requires_grad = false;
   bool recompute = true;
   at::Tensor kept_output;  // without recompute: the layer's output, graph attached
+  bool counted = false;    // without recompute: this node holds one of the unit's `pending`
+
+  // frees the unit's weights unless another kept graph still needs them
+  void done() {
+    auto& u = *state.unit;
+    if (counted) {
+      counted = false;
+      if (--u.pending > 0) return;
+    }
+    release(u);
+  }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     HYBRIDRL_CHECK(input.defined(), "Sharding<FSDP>: backward ran twice through one layer unit",
@@ -245,7 +258,7 @@ struct FSDPLayerBackward : torch::autograd::Node {
     out[1] = reduce_unit_grad(u, *state.groups, pg, state.reduce_dtype);
     y = at::Tensor();
     kept_output.reset();
-    release(u);
+    done();
     input.reset();
     return out;
   }
@@ -253,6 +266,9 @@ struct FSDPLayerBackward : torch::autograd::Node {
     input.reset();
     kept_output.reset();
     fn = nullptr;
+  }
+  ~FSDPLayerBackward() override {
+    if (counted && state.unit != nullptr) done();  // a kept graph dropped without its backward
   }
   std::string name() const override { return "hybridrl::FSDPLayerBackward"; }
 };
@@ -269,7 +285,7 @@ inline LayerRunner sharded_layer_runner(std::vector<Unit>* units, const Groups* 
     if (!grad || ctx.attention) {
       gather(u, *groups, param_dtype);
       auto y = inner(layer, module, h, ctx);
-      release(u);
+      if (u.pending == 0) release(u);
       return y;
     }
     auto self = std::dynamic_pointer_cast<DecoderLayerImpl>(module.shared_from_this());
@@ -294,6 +310,8 @@ inline LayerRunner sharded_layer_runner(std::vector<Unit>* units, const Groups* 
       auto kept = fn(x);
       node->input = x;
       node->kept_output = kept;
+      node->counted = true;
+      ++u.pending;  // freed when the last kept graph through these weights has run backward
       y = kept.detach();
     }
     node->fn = std::move(fn);

@@ -54,6 +54,35 @@ namespace hybridrl {
 
 namespace detail {
 
+/// A step's metrics over the ranks of `comm` (collective; every rank has the same keys): times
+/// and memory the largest over ranks, tokens_per_s the sum, the rest the mean.
+inline void reduce_metrics(std::map<std::string, double>& m, Communicator& comm) {
+  auto kind = [](const std::string& k) {
+    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0) return 1;
+    return k == "tokens_per_s" ? 2 : 0;
+  };
+  std::vector<double> mean, largest;
+  for (const auto& [k, v] : m) (kind(k) == 1 ? largest : mean).push_back(v);
+  auto reduce = [&](std::vector<double>& v, ReduceOp op) {
+    if (v.empty()) return;
+    auto t = at::tensor(v, at::kDouble);
+    comm.all_reduce(t, op);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = t[static_cast<int64_t>(i)].item<double>();
+  };
+  reduce(mean, ReduceOp::sum);
+  reduce(largest, ReduceOp::max);
+  size_t a = 0, b = 0;
+  for (auto& [k, v] : m) {
+    const auto c = kind(k);
+    if (c == 1) {
+      v = largest[b++];
+    } else {
+      v = c == 2 ? mean[a++] : mean[a++] / comm.size();
+    }
+  }
+}
+
+
 /// Options of nothing: the absent Rollout of an offline trainer, or a slot already reported broken.
 struct NoOptions {
   HYBRIDRL_FIELDS()
@@ -208,6 +237,11 @@ struct FitParts {
   /// Called after each step is logged (and checkpointed when due) with its number and metrics;
   /// what it throws ends fit() as a crash would (the tests' interruption).
   std::function<void(int64_t step, const std::map<std::string, double>& metrics)> on_step;
+  /// The data-parallel group when fit() runs on several ranks (torchrun, Slurm: every rank calls
+  /// fit with the same arguments; the Trainer is built with world_size = comm->size()). Each rank
+  /// takes its share of every batch, the policy (and critic) are sharded over the group, the loss
+  /// counts and metrics are global, and rank 0 alone writes files. nullptr: one process.
+  std::shared_ptr<Communicator> comm;
 };
 
 /// One concrete trainer type composed from policies. See the file comment for the two forms.
@@ -559,7 +593,24 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
   }
   const auto device = policy->parameters().front().device();
-  auto engine = sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
+  // several ranks: this rank's place, its share of each batch, the sharded engines
+  const auto& comm = parts.comm;
+  const int64_t world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  HYBRIDRL_CHECK(g.world_size() == world,
+                 fmt::format("fit: the process group has {} rank(s) but the Trainer was built for world_size {}", world,
+                             g.world_size()),
+                 "construct the Trainer with the group's size: Trainer(options, comm->size())");
+  const bool lead = rank == 0;  // writes the files, prints the progress
+  auto make_engine = [&] {
+    if constexpr (requires { sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, comm); }) {
+      if (world > 1) return sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, comm);
+    } else {
+      HYBRIDRL_CHECK(world == 1, fmt::format("fit: {} runs one process; the group has {} ranks", sharding_type::name, world),
+                     "use Sharding<FSDP> on several ranks");
+    }
+    return sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
+  };
+  auto engine = make_engine();
   // the critic (PPO): its own engine and optimizer; from the policy's trunk unless one is given
   using CriticEngine = typename detail::critic_engine_of<sharding_type, has_critic>::type;
   std::optional<CriticEngine> critic;
@@ -572,8 +623,15 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         parts.critic ? *parts.critic : detail::seeded_value_model(policy, derive_seed(t.seed(), "critic"));
     parts.critic.reset();
     value_model->to(device);
-    critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps,
-                                              g.world_size()));
+    if constexpr (requires { sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps, comm); }) {
+      if (world > 1) {
+        critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps, comm));
+      }
+    }
+    if (!critic) {
+      critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps,
+                                                g.world_size()));
+    }
   }
   auto state = algorithm_type::make_state(o.algorithm());
   int64_t step = 0;
@@ -605,23 +663,26 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   FitResult result;
   result.resumed_from = step;
   std::optional<CheckpointManager> saver;
-  if (!t.output_dir().empty()) {
+  if (!t.output_dir().empty() && lead) {
     saver.emplace((std::filesystem::path(t.output_dir()) / "checkpoints").string(), t.keep_last());
     io::write_file_atomic((std::filesystem::path(t.output_dir()) / "run_config.json").string(),
                           parts.run_config.value_or(to_json(o)).dump(2) + "\n");
   }
-  RunLog log(RunLog::Options{t.output_dir(), total, step, t.log_every(), t.plot_every(), t.tensorboard(),
-                             parts.progress});
-  if (parts.progress != nullptr) std::fprintf(parts.progress, "%s\n", describe().c_str());
+  std::FILE* progress = lead ? parts.progress : nullptr;
+  RunLog log(RunLog::Options{lead ? t.output_dir() : std::string(), total, step, t.log_every(), t.plot_every(),
+                             t.tensorboard(), progress});
+  if (progress != nullptr) std::fprintf(progress, "%s\n", describe().c_str());
   auto save = [&] {
-    if (!saver) return;
-    nlohmann::json meta;
-    meta["loader"] = loader.state();
-    meta["config"] = to_json(o);
+    if (t.output_dir().empty()) return;
+    // sharded: every rank gathers the state (collective), rank 0 writes it
     auto tensors = engine.state_dict();
     if constexpr (has_critic) {
       for (auto& [k, v] : critic->state_dict()) tensors["critic." + k] = std::move(v);
     }
+    if (!saver) return;
+    nlohmann::json meta;
+    meta["loader"] = loader.state();
+    meta["config"] = to_json(o);
     if constexpr (detail::saves_algorithm_state<algorithm_type>) meta["algorithm_state"] = algorithm_type::save_state(state);
     save_rng(tensors);
     result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
@@ -658,7 +719,14 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     if constexpr (has_rollout) {
       // generate: n samples per prompt, noise from (run seed, step, group, sample)
       const auto g0 = clock::now();
-      auto prompts = repeat_for_rollout(*got, g.rollout_n());
+      auto prompts = repeat_for_rollout(*got, g.rollout_n());  // group ids of the whole batch
+      if (world > 1) {  // this rank's prompts, whole groups (their advantages are computed here)
+        HYBRIDRL_CHECK(got->size() % world == 0,
+                       fmt::format("step {}: {} prompts do not split over {} ranks", step, got->size(), world),
+                       "make data.train_batch_size a multiple of the number of ranks (and loader.drop_last=true)");
+        const auto share = prompts.size() / world;
+        prompts = prompts.slice(rank * share, (rank + 1) * share);
+      }
       auto sampling = o.rollout().sampling();
       sampling.seed(request_seed(sampling.seed(), step));
       if (released) rollout->resume_memory();
@@ -676,16 +744,22 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       const auto w0 = clock::now();
       const auto scores = detail::score_rollout(batch, reward, parts.decode);
       const auto finite = at::isfinite(scores);
-      const auto bad = (~finite).sum().template item<int64_t>();
+      int64_t bad = (~finite).sum().template item<int64_t>();
+      if (world > 1) {  // every rank skips the step when any rank has a bad reward
+        auto b = at::scalar_tensor(static_cast<double>(bad), at::kDouble).reshape({1});
+        comm->all_reduce(b, ReduceOp::sum);
+        bad = static_cast<int64_t>(b.item<double>());
+      }
       const auto ok = scores.masked_select(finite).to(at::kDouble);
       m["reward_mean"] = ok.numel() > 0 ? ok.mean().template item<double>() : NAN;
       m["reward_std"] = ok.numel() > 1 ? ok.std(/*unbiased=*/false).template item<double>() : 0.0;
       m["reward_nonfinite"] = static_cast<double>(bad);
       if (bad > 0) {
         train = false;  // reported, not trained on
-        if (parts.progress != nullptr) {
-          std::fprintf(parts.progress, "step %lld: %lld of %lld rewards are NaN or infinite; the step is not trained on\n",
-                       static_cast<long long>(step), static_cast<long long>(bad), static_cast<long long>(scores.numel()));
+        if (progress != nullptr) {
+          std::fprintf(progress, "step %lld: %lld of %lld rewards are NaN or infinite; the step is not trained on\n",
+                       static_cast<long long>(step), static_cast<long long>(bad),
+                       static_cast<long long>(scores.numel() * world));
         }
       }
       batch.set(keys::scores, scores);
@@ -695,6 +769,14 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
     } else {
       batch = got->to(device);
+      if (world > 1) {  // this rank's rows: as even a split as the batch allows
+        HYBRIDRL_CHECK(batch.size() >= world,
+                       fmt::format("step {}: a batch of {} rows cannot feed {} ranks", step, batch.size(), world),
+                       "raise data.train_batch_size (or loader.max_tokens_per_batch) to at least one row per rank");
+        const auto base = batch.size() / world, extra = batch.size() % world;
+        const auto first = rank * base + std::min(rank, extra);
+        batch = batch.slice(first, first + base + (rank < extra ? 1 : 0));
+      }
     }
     // the reference's scores of the whole batch, once per step
     double t_ref = 0;
@@ -782,6 +864,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
                                    ? mini.tensor("response_mask").sum().template item<int64_t>()
                                    : 0;
         counts.data_parallel_size = g.data_parallel_size();
+        if (world > 1) {  // the mini-batch's sequences and tokens over all ranks
+          auto c = at::tensor(std::vector<double>{static_cast<double>(counts.global_sequences),
+                                                  static_cast<double>(counts.global_tokens)}, at::kDouble);
+          comm->all_reduce(c, ReduceOp::sum);
+          counts.global_sequences = static_cast<int64_t>(c[0].item<double>());
+          counts.global_tokens = static_cast<int64_t>(c[1].item<double>());
+        }
         if constexpr (has_critic) {  // the critic's update on this mini-batch (clipped value loss)
           MetricAggregator agg;
           auto critic_forward = [&critic](const TensorBatch& rows) { return critic->forward(rows); };
@@ -794,7 +883,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           }
           critic_grad_sum += critic->step().template item<double>();
           critic_lr = critic->last_step().lr;
-          for (const auto& [name, v] : agg.result()) critic_sums[name] += v;
+          for (const auto& [name, v] : agg.result(comm.get())) critic_sums[name] += v;
           ++critic_updates;
         }
         if (!update_policy) continue;
@@ -807,7 +896,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           for (auto& [k, x] : v) mini.set(k, at::cat(x).to(at::kFloat));
         }
         mini.require(prepares, "the algorithm's prepare_mini_batch");
-        algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, nullptr);
+        algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, comm.get());
         at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         MetricAggregator agg;
         for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
@@ -823,12 +912,12 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         lr = last.lr;
         skipped += last.skipped ? 1 : 0;
         loss_sum += mini_loss.template item<double>();
-        for (const auto& [name, v] : agg.result()) sums[name] += v;
+        for (const auto& [name, v] : agg.result(comm.get())) sums[name] += v;
         grad_sum += norm.template item<double>();
         ++updates;
       }
     }
-    if (train) algorithm_type::after_step(batch, o.algorithm(), state, nullptr);
+    if (train) algorithm_type::after_step(batch, o.algorithm(), state, comm.get());
     const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
     if constexpr (has_rollout) {  // the new weights to the rollout engine
       const auto s0 = clock::now();
@@ -859,6 +948,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     m["memory/allocated_gb"] = mem.allocated_gb;
     m["memory/reserved_gb"] = mem.reserved_gb;
     m["memory/peak_gb"] = mem.peak_gb;
+    // over the ranks: the loss hooks' metrics came reduced by their own rule (MetricAggregator); the
+    // rest is the mean, times and memory the largest, tokens_per_s the sum
+    if (world > 1) detail::reduce_metrics(m, *comm);
     log.log(step, m);
     result.last_metrics = std::move(m);
     if (t.save_every() > 0 && step % t.save_every() == 0 && step < total) save();
@@ -867,7 +959,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   result.steps = step;
   save();
   log.write_plot();
-  if (!t.output_dir().empty() && t.save_model()) {
+  if (world > 1) {  // sharded: the trained weights into the policy (and critic) on every rank, as on one process
+    if constexpr (requires { engine.materialize(); }) engine.materialize();
+    if constexpr (has_critic) {
+      if constexpr (requires { critic->materialize(); }) critic->materialize();
+    }
+  }
+  if (!t.output_dir().empty() && t.save_model() && lead) {
     const auto dir = (std::filesystem::path(t.output_dir()) / "model").string();
     save_pretrained(policy, dir);
     for (const auto& f : parts.tokenizer_files) {

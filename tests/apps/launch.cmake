@@ -1,0 +1,70 @@
+# `hybridrl train` on several processes (run by ctest with -P), launched the way torchrun does it:
+# `hybridrl launch --nproc-per-node 2 -- train ...` sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
+# (127.0.0.1) and MASTER_PORT; the ranks meet at rank 0's TCPStore and train over Gloo.
+#   EXE  the hybridrl program   WORK  a scratch directory
+# 1. GRPO on the reverse task (model.init=tiny, Sharding<FSDP> over 2 ranks): exit 0, the layout
+#    line, rank 0 alone writes metrics.jsonl (one line per step), the checkpoint and the model.
+# 2. The 2-rank checkpoint resumes on one process.
+# 3. A rank whose peer never starts stops within distributed.store_timeout_s with the error that
+#    names the address; a geometry the ranks cannot split is refused before any model loads.
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+function(run_cli rc_var err_var)
+  execute_process(COMMAND ${EXE} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  set(${rc_var} ${rc} PARENT_SCOPE)
+  set(${err_var} "${out}${err}" PARENT_SCOPE)
+endfunction()
+set(args algorithm.name=grpo rollout.name=naive task.name=reverse model.init=tiny trainer.output_dir=${WORK}/run
+  trainer.save_every=2 data.train_batch_size=4 rollout.n=4 rollout.max_new_tokens=4
+  geometry.ppo_mini_batch_size=4 geometry.micro_batch_size_per_gpu=8 optim.lr=1e-3 distributed.timeout_s=120)
+
+# 1. two ranks
+run_cli(rc err launch --nproc-per-node 2 -- train ${args} trainer.total_steps=2)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "hybridrl launch --nproc-per-node 2 -- train failed (${rc}): ${err}")
+endif()
+if(NOT err MATCHES "2 ranks \\(torchrun, gloo backend\\): data parallel 2, Sharding<FSDP> over 2 rank")
+  message(FATAL_ERROR "no layout line: ${err}")
+endif()
+string(REGEX MATCHALL "hybridrl train: done" done "${err}")
+list(LENGTH done n_done)
+if(NOT n_done EQUAL 1)
+  message(FATAL_ERROR "${n_done} ranks printed the summary, expected rank 0 alone: ${err}")
+endif()
+file(STRINGS ${WORK}/run/metrics.jsonl lines)
+list(LENGTH lines n)
+if(NOT n EQUAL 2)
+  message(FATAL_ERROR "metrics.jsonl has ${n} lines, expected 2 (one writer)")
+endif()
+foreach(f checkpoints/step_00000002/model.safetensors checkpoints/step_00000002/trainer_state.json
+    model/config.json model/model.safetensors run_config.json)
+  if(NOT EXISTS ${WORK}/run/${f})
+    message(FATAL_ERROR "the 2-rank run wrote no ${f}")
+  endif()
+endforeach()
+
+# 2. resumed on one process
+run_cli(rc err train ${args} trainer.total_steps=3)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "resumed from step 2")
+  message(FATAL_ERROR "one process did not resume the 2-rank checkpoint (${rc}): ${err}")
+endif()
+file(STRINGS ${WORK}/run/metrics.jsonl lines)
+list(LENGTH lines n)
+if(NOT n EQUAL 3)
+  message(FATAL_ERROR "metrics.jsonl has ${n} lines after the resume, expected 3")
+endif()
+
+# 3. a peer that never starts: rank 0 of 2 alone, within the store timeout
+string(RANDOM LENGTH 4 ALPHABET 123456789 r)
+math(EXPR port "20000 + ${r} % 20000")
+execute_process(COMMAND ${CMAKE_COMMAND} -E env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=${port}
+    ${EXE} train ${args} trainer.output_dir=${WORK}/alone distributed.store_timeout_s=2
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 1 OR NOT err MATCHES "rank 0 of 2 \\(torchrun\\) could not meet the others")
+  message(FATAL_ERROR "a missing peer: expected exit 1 naming the rendezvous (${rc}): ${out}${err}")
+endif()
+# 3b. 4 prompts do not split over 3 ranks: refused on every rank before a model loads
+run_cli(rc err launch --nproc-per-node 3 -- train ${args} data.train_batch_size=4 trainer.output_dir=${WORK}/three)
+if(rc EQUAL 0 OR NOT err MATCHES "world_size 3")
+  message(FATAL_ERROR "a batch that does not split over 3 ranks was not refused (${rc}): ${err}")
+endif()

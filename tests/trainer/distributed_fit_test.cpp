@@ -1,0 +1,175 @@
+// fit() on several ranks (threads of this process, each a rank of hybridrl's thread group or of
+// c10d Gloo): Sharding<FSDP> data-parallel training of GRPO (Rollout<Naive>) and DPO on 2 and 4
+// ranks gives the weights and metrics one process gives on the same data (fp32); rank 0 alone
+// writes the run's files; a checkpoint written by 2 ranks resumes on one process as the
+// uninterrupted run; a batch that does not split over the ranks is refused with the fix.
+
+#include <hybridrl/hybridrl.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../support/fit.hpp"
+#include "../support/gloo.hpp"
+#include "../support/tensors.hpp"
+#include "../support/doctest.hpp"  // last: after LibTorch (c10 has a CHECK macro too)
+
+#include <filesystem>
+#include <fstream>
+
+namespace hybridrl::testing {
+using DistGRPO = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
+
+inline DistGRPO::Options dist_grpo_options(int64_t steps) {
+  auto o = online_fit_options<DistGRPO>(steps, 3);
+  o.geometry().micro_batch_size_per_gpu(8);  // 32 sequences a step: 8 per micro-batch on up to 4 ranks
+  return o;
+}
+inline std::vector<double> dist_reward(std::span<const RewardInput> in) {
+  std::vector<double> out;
+  for (const auto& x : in) out.push_back(share_in_band(x, 100));
+  return out;
+}
+inline std::shared_ptr<Communicator> dist_borrowed(Communicator& c) {
+  return std::shared_ptr<Communicator>(&c, [](Communicator*) {});
+}
+// The largest ||a - b|| / ||b|| over the parameters of two models.
+inline double dist_weights_rel(const CausalLM& a, const CausalLM& b) {
+  double worst = 0;
+  auto pb = b->named_parameters();
+  for (const auto& p : a->named_parameters()) {
+    const auto& q = pb[p.key()];
+    worst = std::max(worst, ((p.value() - q).norm() / q.norm().clamp_min(1e-12)).item<double>());
+  }
+  return worst;
+}
+}  // namespace hybridrl::testing
+
+using namespace hybridrl;
+using namespace hybridrl::testing;
+using hybridrl::testing::contains;
+using hybridrl::testing::error_of;
+
+TEST_SUITE("trainer/distributed") {
+  TEST_CASE("GRPO with Sharding<FSDP> on 2 and 4 ranks fits as one process does; rank 0 writes; 2 ranks resume on 1") {
+    FitTempDir tmp("dist_grpo");
+    auto prompts = fixture_prompts(tmp.path);
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps;
+    FitParts ref_parts = quiet;
+    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    DistGRPO(dist_grpo_options(3)).fit(one, prompts, dist_reward, ref_parts);
+    REQUIRE(ref_steps.size() == 3);
+    CHECK(dist_weights_rel(one, fit_fixture_model()) > 1e-3);  // training moved the weights
+
+    for (const auto& backend : backends()) {
+      for (const int world : {2, 4}) {
+        CAPTURE(backend);
+        CAPTURE(world);
+        std::mutex m;
+        std::vector<std::map<std::string, double>> steps;
+        std::vector<double> rel(static_cast<size_t>(world), 1.0);
+        run_on(backend, world, [&](Communicator& comm) {
+          FitParts p = quiet;
+          p.comm = dist_borrowed(comm);
+          if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+          auto policy = fit_fixture_model();
+          DistGRPO(dist_grpo_options(3), world).fit(policy, prompts, dist_reward, p);
+          const auto r = dist_weights_rel(policy, one);  // fit leaves the trained weights in the policy on every rank
+          std::lock_guard<std::mutex> lock(m);
+          rel[static_cast<size_t>(comm.rank())] = r;
+        });
+        for (const auto r : rel) CHECK(r <= 1e-5);
+        REQUIRE(steps.size() == 3);
+        for (size_t s = 0; s < 3; ++s) {
+          CAPTURE(s);
+          // the same samples (seeds of the global group ids), rewards, loss and gradient norm
+          CHECK(steps[s]["reward_mean"] == doctest::Approx(ref_steps[s]["reward_mean"]).epsilon(1e-9));
+          CHECK(steps[s]["response_length_mean"] == doctest::Approx(ref_steps[s]["response_length_mean"]));
+          CHECK(steps[s]["loss"] == doctest::Approx(ref_steps[s]["loss"]).epsilon(1e-5));
+          CHECK(steps[s]["grad_norm"] == doctest::Approx(ref_steps[s]["grad_norm"]).epsilon(1e-5));
+          CHECK(steps[s]["kl"] == doctest::Approx(ref_steps[s]["kl"]).epsilon(1e-4));
+        }
+      }
+    }
+
+    // 2 ranks write a checkpoint at step 2 (rank 0 alone writes files); one process resumes it
+    const auto out = tmp.path + "/two";
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      auto o = dist_grpo_options(2);
+      o.trainer().output_dir(out).save_every(1);
+      DistGRPO(o, 2).fit(fit_fixture_model(), prompts, dist_reward, p);
+    });
+    CHECK(std::filesystem::exists(out + "/checkpoints/step_00000002/trainer_state.json"));
+    CHECK(std::filesystem::exists(out + "/model/model.safetensors"));
+    CHECK(reproducible_metrics(out).size() == 2);  // one writer: two lines, not four
+    auto resumed = fit_fixture_model();
+    auto o = dist_grpo_options(3);
+    o.trainer().output_dir(out);
+    const auto r = DistGRPO(o).fit(resumed, prompts, dist_reward, quiet);
+    CHECK(r.resumed_from == 2);
+    CHECK(dist_weights_rel(resumed, one) <= 1e-5);
+  }
+
+  TEST_CASE("DPO with Sharding<FSDP> on 2 ranks fits as one process does; geometry errors name the fix") {
+    FitTempDir tmp("dist_dpo");
+    const ByteTokenizer tok;
+    const auto path = tmp.path + "/pairs.jsonl";
+    {
+      std::ofstream f(path);
+      for (int i = 0; i < 8; ++i) {
+        f << nlohmann::json{{"prompt", "q" + std::to_string(i)}, {"chosen", std::string(3, static_cast<char>('a' + i))},
+                            {"rejected", "zz" + std::to_string(i)}}.dump() << "\n";
+      }
+    }
+    auto data = std::make_shared<const PreferenceDataset>(PreferenceDataset::from_jsonl(path, tok, DatasetOptions{}.max_length(64)));
+    using DistDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
+    DistDPO::Options o;
+    o.trainer().seed(5).total_steps(4);
+    o.data().train_batch_size(4);
+    o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(1);
+    o.optim().lr(2e-3).weight_decay(0.0);
+    o.sharding().param_dtype(at::kFloat);
+    o.loader().epochs(2).prefetch_factor(0).shuffle(false);
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps, steps;
+    FitParts rp = quiet;
+    rp.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    DistDPO(o).fit(one, data, rp);
+    std::mutex m;
+    std::vector<double> rel(2, 1.0);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+      auto policy = fit_fixture_model();
+      DistDPO(o, 2).fit(policy, data, p);
+      const auto r = dist_weights_rel(policy, one);
+      std::lock_guard<std::mutex> lock(m);
+      rel[static_cast<size_t>(comm.rank())] = r;
+    });
+    for (const auto r : rel) CHECK(r <= 1e-5);
+    REQUIRE(steps.size() == ref_steps.size());
+    for (size_t s = 0; s < steps.size(); ++s) {
+      CAPTURE(s);
+      CHECK(steps[s]["dpo/loss"] == doctest::Approx(ref_steps[s]["dpo/loss"]).epsilon(1e-5));
+      CHECK(steps[s]["grad_norm"] == doctest::Approx(ref_steps[s]["grad_norm"]).epsilon(1e-5));
+    }
+    // a Trainer built for another world size than the group's
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      CHECK(contains(error_of([&] { DistDPO(o).fit(fit_fixture_model(), data, p); }), "Trainer(options, comm->size())"));
+    });
+  }
+}
