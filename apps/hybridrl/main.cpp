@@ -3,6 +3,7 @@
 //   hybridrl generate --input in.jsonl --output out.jsonl [key=value ...]   offline generation
 //   hybridrl train [--config run.yaml] [--print-config] [key=value ...]   one training run
 //   hybridrl tokenize --model DIR --input in.jsonl --output out.jsonl [--decode]   check a tokenizer
+//   hybridrl launch --nproc-per-node N -- train ...   N ranks on this machine, as torchrun --no-python
 // Exit codes: 0 ok, 1 a hybridrl::Error (bad input: the message says the problem and the fix),
 // 2 a command-line usage error, 3 any other failure.
 #include <hybridrl/core/device.hpp>
@@ -12,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "generate.hpp"
+#include "launch.hpp"
 #include "tokenize.hpp"
 #include "train.hpp"
 
@@ -75,6 +77,17 @@ int main(int argc, char** argv) {
   tokenize->add_flag("--decode", tok_decode, "decode \"ids\" to \"text\" (special tokens skipped)");
   tokenize->add_flag("--add-special", tok_special, "encode with the post-processor's special tokens (Llama-3's BOS)");
   tokenize->callback([&] { exit_code = hybridrl::app::run_tokenize(tok_model, tok_input, tok_output, tok_decode, tok_special); });
+
+  auto* launch = app.add_subcommand(
+      "launch", "run a subcommand as N ranks of this machine, as `torchrun --no-python --nproc-per-node N` does "
+                "(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); one rank failing stops the others");
+  int nproc = 1, master_port = 0;
+  std::vector<std::string> launch_args;
+  launch->add_option("--nproc-per-node", nproc, "ranks to start")->required();
+  launch->add_option("--master-port", master_port, "the rendezvous port on 127.0.0.1 (default: a free one)");
+  launch->add_option("command", launch_args, "the subcommand and its arguments, after --, e.g. -- train task.name=reverse")
+      ->required();
+  launch->callback([&] { exit_code = hybridrl::app::run_launch(nproc, master_port, launch_args); });
 
   try {
     app.parse(argc, argv);

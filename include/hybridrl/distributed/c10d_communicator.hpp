@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -370,7 +371,7 @@ inline std::shared_ptr<C10dCommunicator> init_from_environment(C10dOptions optio
   store_options.port = static_cast<std::uint16_t>(launch.master_port);
   store_options.isServer = launch.rank == 0;
   store_options.numWorkers = static_cast<std::size_t>(launch.world_size);
-  store_options.waitWorkers = true;
+  store_options.waitWorkers = false;  // counted below: 1.13's wait gives up silently at the timeout
   store_options.timeout = detail::to_ms(options.store_timeout_s());
   c10::intrusive_ptr<c10d::Store> store;
   try {
@@ -382,6 +383,33 @@ inline std::shared_ptr<C10dCommunicator> init_from_environment(C10dOptions optio
                             launch.master_port, options.store_timeout_s(), e.what()),
                 "check that every rank was started, that MASTER_ADDR is rank 0's host reachable "
                 "from every node and MASTER_PORT free there, or raise store_timeout_s");
+  }
+  // every rank checks in; a rank that never starts (or crashed before this point) is reported by
+  // every rank that did, within store_timeout_s, instead of a hang in the first collective
+  {
+    const std::string key = "hybridrl/ranks_arrived";
+    int64_t arrived = 0;
+    try {
+      arrived = store->add(key, 1);
+      const auto start = std::chrono::steady_clock::now();
+      while (arrived < launch.world_size) {
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (waited > options.store_timeout_s()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        arrived = store->add(key, 0);
+      }
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("rank {} of {} ({}): the TCPStore on {}:{} failed while the ranks met: {}", launch.rank,
+                              launch.world_size, launch.launcher, launch.master_addr, launch.master_port, e.what()),
+                  "check that rank 0 is running and reachable from every node");
+    }
+    HYBRIDRL_CHECK(arrived >= launch.world_size,
+                   fmt::format("rank {} of {} ({}) could not meet the others at the TCPStore on MASTER_ADDR:MASTER_PORT "
+                               "= {}:{} within store_timeout_s = {}: {} of {} ranks arrived",
+                               launch.rank, launch.world_size, launch.launcher, launch.master_addr, launch.master_port,
+                               options.store_timeout_s(), arrived, launch.world_size),
+                   "start every rank (WORLD_SIZE of them, with the same MASTER_ADDR and MASTER_PORT), or raise "
+                   "store_timeout_s (distributed.store_timeout_s)");
   }
   return std::make_shared<C10dCommunicator>(store, launch.rank, launch.world_size, std::move(options));
 }

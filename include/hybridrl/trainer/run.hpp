@@ -47,6 +47,8 @@
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/distributed/c10d_communicator.hpp"
+#include "hybridrl/distributed/environment.hpp"
 #include "hybridrl/tokenizer/chat.hpp"
 #include "hybridrl/tokenizer/hf_tokenizer.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
@@ -134,25 +136,80 @@ struct RunRewardOptions {
   }
 };
 
+/// distributed.*: how the ranks of a torchrun or Slurm launch meet (read only when the launch
+/// has more than one rank).
+struct RunDistributedOptions {
+  /// auto (NCCL when model.device is CUDA, else Gloo), gloo or nccl.
+  HYBRIDRL_ARG(std::string, backend) = "auto";
+  /// Seconds a collective may wait for the other ranks before every rank stops with an error
+  /// naming the collective (a dead or stuck peer).
+  HYBRIDRL_ARG(double, timeout_s) = 600.0;
+  /// Seconds the ranks have to meet at MASTER_ADDR:MASTER_PORT (a rank that never starts).
+  HYBRIDRL_ARG(double, store_timeout_s) = 300.0;
+  HYBRIDRL_FIELDS(backend, timeout_s, store_timeout_s)
+
+  void validate() const {
+    HYBRIDRL_CHECK(backend_ == "auto" || backend_ == "gloo" || backend_ == "nccl",
+                   fmt::format("backend = \"{}\" is not one of auto, gloo, nccl", backend_),
+                   "use distributed.backend=auto (NCCL on CUDA, Gloo on the CPU), gloo or nccl");
+    HYBRIDRL_CHECK(timeout_s_ > 0 && store_timeout_s_ > 0,
+                   fmt::format("timeout_s = {} and store_timeout_s = {} must be positive", timeout_s_, store_timeout_s_),
+                   "give the seconds to wait, e.g. distributed.timeout_s=600");
+  }
+};
+
+/// This process's place when a launcher (torchrun, Slurm, `hybridrl launch`) started several:
+/// nullopt for a plain run (no RANK / SLURM_PROCID, or a world of one).
+inline std::optional<LaunchEnvironment> launched_ranks(const EnvLookup& env = process_environment()) {
+  if (!env("RANK") && !env("SLURM_PROCID")) return std::nullopt;
+  auto launch = parse_launch_environment(env);
+  if (launch.world_size <= 1) return std::nullopt;
+  return launch;
+}
+
+/// The data-parallel group of a launch with several ranks (nullptr otherwise): meets the other
+/// ranks as `o` says, on the backend model.device implies. With CUDA, model.device `cuda` becomes
+/// this rank's `cuda:LOCAL_RANK` (returned in `device`).
+inline std::shared_ptr<Communicator> connect_run_ranks(const RunDistributedOptions& o, std::string& device) {
+  const auto launch = launched_ranks();
+  if (!launch) return nullptr;
+  std::string backend = o.backend();
+  if (backend == "auto") backend = device.rfind("cuda", 0) == 0 ? "nccl" : "gloo";
+  if (device == "cuda") device = fmt::format("cuda:{}", launch->local_rank);
+  return init_from_environment(C10dOptions{}.backend(backend).timeout_s(o.timeout_s()).store_timeout_s(o.store_timeout_s()));
+}
+
+/// The layout line a launched run prints at start (rank 0).
+inline std::string describe_ranks(const Communicator& comm, const LaunchEnvironment& launch, int64_t shard_group_size) {
+  const int64_t shards = shard_group_size < 0 ? comm.size() : shard_group_size;
+  return fmt::format("{} ranks ({}, {} backend): data parallel {}, Sharding<FSDP> over {} rank(s){}", comm.size(),
+                     launch.launcher, comm.backend(), comm.size(), shards,
+                     shards < comm.size() ? fmt::format(" x {} replicas (hybrid)", comm.size() / shards) : "");
+}
+
 /// The whole configuration of a run of trainer type T: model.*, task.*, reward.* (online types),
+/// distributed.*,
 /// then T's Options at the top level (algorithm.*, data.*, trainer.*, ...).
 template <class T>
 struct RunConfig {
   HYBRIDRL_ARG(RunModelOptions, model) = {};
   HYBRIDRL_ARG(TaskOptions, task) = {};
   HYBRIDRL_ARG(RunRewardOptions, reward) = {};
+  HYBRIDRL_ARG(RunDistributedOptions, distributed) = {};
   HYBRIDRL_ARG(typename T::Options, run) = {};
 
   template <class Self, class F>
   static void visit_fields(Self& self, F&& f) {
     f("model", self.model_);
     f("task", self.task_);
+    f("distributed", self.distributed_);
     if constexpr (T::has_rollout) f("reward", self.reward_);
     T::Options::visit_fields(self.run_, f);
   }
   void validate() const {
     detail::validate_member(model_, "model");
     detail::validate_member(task_, "task");
+    detail::validate_member(distributed_, "distributed");
     if constexpr (T::has_rollout) detail::validate_member(reward_, "reward");
     run_.validate();
     HYBRIDRL_CHECK(!task_.name().empty() || !run_.data().train_files().empty(),
@@ -508,16 +565,28 @@ template <class T>
 template <class T>
 int run_trainer(const ConfigSources& sources, const std::string& label, bool print_only,
                 const std::map<std::string, BatchRewardFn>& rewards = {}) {
-  const auto cfg = configure_run<T>(sources);
-  const T trainer(cfg.run());
+  auto cfg = configure_run<T>(sources);  // not const: a launched rank's model.device names its GPU
+  const auto launch = launched_ranks();
+  const std::optional<int64_t> launched_world = launch ? std::optional<int64_t>(launch->world_size) : std::nullopt;
+  const T trainer(cfg.run(), launched_world);  // the geometry checked for the launch's world before anything loads
   RunConfig<T> effective = cfg;
   effective.run(trainer.options());
-  std::fprintf(stderr, "hybridrl train: %s\n%s", label.c_str(), describe(effective).c_str());
+  const bool lead = !launch || launch->rank == 0;  // prints and writes for the run
+  if (lead) std::fprintf(stderr, "hybridrl train: %s\n%s", label.c_str(), describe(effective).c_str());
   if (print_only) return 0;
+  // several ranks: meet the others first (a missing rank fails here, within store_timeout_s)
+  std::string device = cfg.model().device();
+  auto comm = connect_run_ranks(cfg.distributed(), device);
+  if (comm) {
+    cfg.model().device(device);
+    int64_t shard_group = -1;
+    if constexpr (requires { cfg.run().sharding().shard_group_size(); }) shard_group = cfg.run().sharding().shard_group_size();
+    if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_ranks(*comm, *launch, shard_group).c_str());
+  }
   // the tokenizer and the data before the weights: a bad data line fails in seconds, not after
   // a multi-gigabyte load
   auto tok = load_run_tokenizer(cfg.model());
-  std::fprintf(stderr, "hybridrl train: %s\n", describe_tokenizer(cfg.model(), tok).c_str());
+  if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_tokenizer(cfg.model(), tok).c_str());
   auto data = read_run_data<dataset_of<T>>(cfg.task(), cfg.run().data().train_files(), tok.tokenizer,
                                            cfg.run().data().dataset());
   auto model = load_run_model(cfg.model(), cfg.run().trainer().seed(), std::move(tok));
@@ -530,14 +599,17 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   }
   parts.tokenizer_files = model.tokenizer_files;
   parts.run_config = to_json(effective);
+  parts.comm = comm;
+  const std::optional<int64_t> world = comm ? std::optional<int64_t>(comm->size()) : std::nullopt;
   FitResult r;
   if constexpr (T::has_rollout) {
     auto reward = make_run_reward(cfg.reward(), cfg.task(), cfg.model(), model.tokenizer, rewards);
     parts.decode = run_decode(model.tokenizer);
-    r = T(cfg.run()).fit(model.policy, data, std::move(reward), std::move(parts));
+    r = T(cfg.run(), world).fit(model.policy, data, std::move(reward), std::move(parts));
   } else {
-    r = T(cfg.run()).fit(model.policy, data, std::move(parts));
+    r = T(cfg.run(), world).fit(model.policy, data, std::move(parts));
   }
+  if (!lead) return 0;
   std::fprintf(stderr, "hybridrl train: done, %lld steps%s%s\n", static_cast<long long>(r.steps),
                r.resumed_from > 0 ? fmt::format(" (resumed from step {})", r.resumed_from).c_str() : "",
                r.last_checkpoint.empty() ? "" : fmt::format("; last checkpoint {}", r.last_checkpoint).c_str());
