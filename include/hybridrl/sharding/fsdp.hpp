@@ -363,29 +363,16 @@ class BasicFSDPEngine {
       return;
     }
     spec.validate();
-    HYBRIDRL_CHECK(static_cast<bool>(sink), "export_weights: no sink given",
-                   "pass the rollout engine's load_weights, e.g. [&](const WeightBucket& b) { engine.load_weights(b); }");
-    WeightBucket bucket;
-    int64_t bytes = 0;
-    auto flush = [&] {
-      if (bucket.empty()) return;
-      sink(bucket);
-      bucket.clear();
-      bytes = 0;
-    };
+    WeightBucketer out(bucket_bytes_, sink);
     for (const auto& u : sh_->units) {
       const auto full = detail::fsdp::gather_flat(u, sh_->groups, u.slice.scalar_type());
       for (size_t i = 0; i < u.params.size(); ++i) {
         auto t = export_shard(u.names[i], full.narrow(0, u.offsets[i], detail::fsdp::numel_of(u.shapes[i])).view(u.shapes[i]), spec);
-        if (t.data_ptr() == full.data_ptr() || t.is_alias_of(full)) t = t.clone();  // never a view of the unit
-        const auto size = static_cast<int64_t>(t.numel() * t.element_size());
-        if (bytes > 0 && bytes + size > bucket_bytes_) flush();
-        bucket.push_back({u.names[i], std::move(t)});
-        bytes += size;
-        if (bytes >= bucket_bytes_) flush();
+        if (t.is_alias_of(full)) t = t.clone();  // never a view that keeps the whole unit alive
+        out.add(u.names[i], std::move(t));
       }
     }
-    flush();
+    (void)out.finish();
   }
 
   /// Sharded: all-gathers every unit into the model's parameters in the master dtype, so that

@@ -118,36 +118,52 @@ inline bool ends_with(std::string_view name, std::string_view suffix) noexcept {
   return out;
 }
 
+/// Collects exported tensors into buckets of about `bucket_bytes` for a sink: a bucket goes to the
+/// sink when the next tensor would overflow it or it is full (a tensor larger than that travels
+/// alone), so at most one bucket exists at a time. finish() sends the last and counts them.
+class WeightBucketer {
+ public:
+  WeightBucketer(int64_t bucket_bytes, const WeightSink& sink) : bucket_bytes_(bucket_bytes), sink_(sink) {
+    HYBRIDRL_CHECK(bucket_bytes >= 1, fmt::format("export_weights: bucket_bytes = {} is below 1", bucket_bytes),
+                   "use a bucket size such as 512 MiB (512 << 20)");
+    HYBRIDRL_CHECK(static_cast<bool>(sink), "export_weights: no sink given",
+                   "pass the rollout engine's load_weights, e.g. [&](const WeightBucket& b) { engine.load_weights(b); }");
+  }
+  void add(std::string name, at::Tensor t) {
+    const auto size = static_cast<int64_t>(t.numel() * t.element_size());
+    if (bytes_ > 0 && bytes_ + size > bucket_bytes_) flush();
+    bucket_.push_back({std::move(name), std::move(t)});
+    bytes_ += size;
+    if (bytes_ >= bucket_bytes_) flush();
+  }
+  int64_t finish() {
+    flush();
+    return buckets_;
+  }
+
+ private:
+  void flush() {
+    if (bucket_.empty()) return;
+    sink_(bucket_);
+    bucket_.clear();
+    bytes_ = 0;
+    ++buckets_;
+  }
+  int64_t bucket_bytes_;
+  const WeightSink& sink_;
+  WeightBucket bucket_;
+  int64_t bytes_ = 0, buckets_ = 0;
+};
+
 /// Exports `named` for `spec` bucket by bucket: shards are cut one tensor at a time and handed to
 /// `sink` whenever a bucket reaches `bucket_bytes` (a tensor larger than that travels alone), so at
 /// most one bucket of exported shards exists at a time. Returns the number of buckets.
 inline int64_t export_weights(const torch::OrderedDict<std::string, at::Tensor>& named, const WeightSpec& spec,
                               int64_t bucket_bytes, const WeightSink& sink) {
   spec.validate();
-  HYBRIDRL_CHECK(bucket_bytes >= 1, fmt::format("export_weights: bucket_bytes = {} is below 1", bucket_bytes),
-                 "use a bucket size such as 512 MiB (512 << 20)");
-  HYBRIDRL_CHECK(static_cast<bool>(sink), "export_weights: no sink given",
-                 "pass the rollout engine's load_weights, e.g. [&](const WeightBucket& b) { engine.load_weights(b); }");
-  WeightBucket bucket;
-  int64_t bytes = 0;
-  int64_t buckets = 0;
-  auto flush = [&] {
-    if (bucket.empty()) return;
-    sink(bucket);
-    bucket.clear();
-    bytes = 0;
-    ++buckets;
-  };
-  for (const auto& item : named) {
-    at::Tensor shard = export_shard(item.key(), item.value(), spec);
-    const auto size = static_cast<int64_t>(shard.numel() * shard.element_size());
-    if (bytes > 0 && bytes + size > bucket_bytes) flush();
-    bucket.push_back({item.key(), std::move(shard)});
-    bytes += size;
-    if (bytes >= bucket_bytes) flush();
-  }
-  flush();
-  return buckets;
+  WeightBucketer out(bucket_bytes, sink);
+  for (const auto& item : named) out.add(item.key(), export_shard(item.key(), item.value(), spec));
+  return out.finish();
 }
 
 }  // namespace hybridrl

@@ -188,8 +188,7 @@ inline std::string describe_ranks(const Communicator& comm, const LaunchEnvironm
 }
 
 /// The whole configuration of a run of trainer type T: model.*, task.*, reward.* (online types),
-/// distributed.*,
-/// then T's Options at the top level (algorithm.*, data.*, trainer.*, ...).
+/// distributed.*, then T's Options at the top level (algorithm.*, data.*, trainer.*, ...).
 template <class T>
 struct RunConfig {
   HYBRIDRL_ARG(RunModelOptions, model) = {};
