@@ -20,6 +20,10 @@ set(args algorithm.name=grpo rollout.name=naive task.name=reverse model.init=tin
 
 # 1. two ranks
 run_cli(rc err launch --nproc-per-node 2 -- train ${args} trainer.total_steps=2)
+if(NOT rc EQUAL 0 AND err MATCHES "ships no gloo headers")  # the pip wheels' LibTorch: CPU ranks need Gloo
+  message(STATUS "no Gloo in this LibTorch: skipped")
+  return()
+endif()
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "hybridrl launch --nproc-per-node 2 -- train failed (${rc}): ${err}")
 endif()
