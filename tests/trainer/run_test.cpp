@@ -6,8 +6,6 @@
 #include <hybridrl/hybridrl.hpp>
 #include <hybridrl/trainer/run.hpp>
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -170,15 +168,14 @@ TEST_SUITE("trainer/run") {
     CHECK(describe_tokenizer(RunModelOptions{}.path(chat_model), rt) ==
           fmt::format("tokenizer {}/tokenizer.json (2709 ids), chat format llama3.1 (dated 26 Jul 2024) "
                       "(model.chat_format=auto)", chat_model));
-    const auto mixed = std::filesystem::temp_directory_path() / ("hybridrl_run_tok_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(mixed);
+    const hybridrl::testing::FitTempDir mixed_dir("run_tok");  // (not std::filesystem::remove_all: torch 2.11's
+    const std::filesystem::path mixed(mixed_dir.path);           // libtorch.so exports a copy that crashes)
     std::filesystem::copy_file(dir + "/tokenizer.json", mixed / "tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing);
     std::filesystem::copy_file(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/qwen2/config.json", mixed / "config.json",
                                std::filesystem::copy_options::overwrite_existing);  // vocab 320, and no weights
     CHECK(mentions(run_error([&] { (void)load_run_tokenizer(RunModelOptions{}.path(mixed.string())); }),
                    "the model's vocab_size is 320"));
-    std::filesystem::remove_all(mixed);
 #endif
     CHECK(!load_checkpoint_tokenizer(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama").has_value());
     CHECK(mentions(run_error([] {
