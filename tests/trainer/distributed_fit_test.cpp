@@ -87,6 +87,12 @@ TEST_SUITE("trainer/distributed") {
         });
         for (const auto r : rel) CHECK(r <= 1e-5);
         REQUIRE(steps.size() == 3);
+        // the memory report: a rank stores 1/world of the parameters (3 units, each padded to a
+        // multiple of the world)
+        CHECK(steps[0]["sharding/param_elements"] == ref_steps[0]["sharding/param_elements"]);
+        CHECK(ref_steps[0]["sharding/param_elements_per_rank"] == ref_steps[0]["sharding/param_elements"]);
+        CHECK(steps[0]["sharding/param_elements_per_rank"] * world >= steps[0]["sharding/param_elements"]);
+        CHECK(steps[0]["sharding/param_elements_per_rank"] * world <= steps[0]["sharding/param_elements"] + 3 * world);
         for (size_t s = 0; s < 3; ++s) {
           CAPTURE(s);
           // the same samples (seeds of the global group ids), rewards, loss and gradient norm

@@ -948,6 +948,12 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     m["memory/allocated_gb"] = mem.allocated_gb;
     m["memory/reserved_gb"] = mem.reserved_gb;
     m["memory/peak_gb"] = mem.peak_gb;
+    if constexpr (requires { engine.local_parameter_elements(); }) {
+      // what a rank stores of the policy (its parameters, gradients and AdamW moments are each
+      // this many elements): the model's size / the shard count, under Sharding<FSDP> over ranks
+      m["sharding/param_elements_per_rank"] = static_cast<double>(engine.local_parameter_elements());
+      m["sharding/param_elements"] = static_cast<double>(engine.total_parameter_elements());
+    }
     // over the ranks: the loss hooks' metrics came reduced by their own rule (MetricAggregator); the
     // rest is the mean, times and memory the largest, tokens_per_s the sum
     if (world > 1) detail::reduce_metrics(m, *comm);
