@@ -156,6 +156,18 @@ TEST_SUITE("core/tensor_batch") {
                 "index range [0, 4] is outside a batch of 4");
     check_error([&] { (void)b.reorder(at::tensor(std::vector<int64_t>{-1})); }, "outside");
     check_error([&] { (void)b.reorder(at::zeros({2})); }, "1-D int64");
+    if (at::hasCUDA()) {  // the GPU machine: tensors on the device, indices on the host or the device
+      auto g = b.to(at::Device(at::kCUDA));
+      for (const auto& idx : {at::tensor(std::vector<int64_t>{3, 0, 0}),
+                              at::tensor(std::vector<int64_t>{3, 0, 0}).to(at::Device(at::kCUDA))}) {
+        auto rg = g.reorder(idx);
+        CHECK(rg.tensor("y").device().is_cuda());
+        CHECK(ids(rg) == std::vector<std::string>{"d", "a", "a"});
+        CHECK(as_vec(rg.tensor("y").cpu()) == std::vector<int64_t>{13, 10, 10});
+      }
+      check_error([&] { (void)g.reorder(at::tensor(std::vector<int64_t>{0, 4}).to(at::Device(at::kCUDA))); },
+                  "index range [0, 4] is outside a batch of 4");
+    }
   }
 
   TEST_CASE("pad_to_divisor cycles rows and unpad restores") {
@@ -180,6 +192,12 @@ TEST_SUITE("core/tensor_batch") {
     auto b = sample_batch().to(at::Device(at::kCPU));
     CHECK(b.tensor("x").device().is_cpu());
     CHECK(ids(b).size() == 4);
+    if (at::hasCUDA()) {  // the GPU machine: a real move and back
+      auto g = sample_batch().to(at::Device(at::kCUDA));
+      CHECK(g.tensor("x").device().is_cuda());
+      CHECK(ids(g) == ids(sample_batch()));
+      CHECK(at::equal(g.to(at::Device(at::kCPU)).tensor("x"), sample_batch().tensor("x")));
+    }
   }
 
   TEST_CASE("require lists every missing key once, with its stage and producer") {

@@ -77,6 +77,13 @@ std::string read_file(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+/// 64-bit FNV-1a of a file's bytes as 16 hex digits (make_model_fixtures.py's fnv1a64).
+std::string fnv1a64(const std::string& path) {
+  const auto bytes = read_file(path);
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const unsigned char b : bytes) h = (h ^ b) * 0x100000001b3ULL;
+  return fmt::format("{:016x}", h);
+}
 
 /// A safetensors file from a raw header string and `data` bytes.
 void write_safetensors_raw(const fs::path& p, const std::string& header, const std::string& data) {
@@ -147,7 +154,9 @@ FixtureDiffs compare_with_hf(CausalLM& m, const std::map<std::string, at::Tensor
 TEST_SUITE("model/pretrained") {
   TEST_CASE("tiny HF checkpoints: our logits equal transformers' fp32 logits") {
     // qwen2_swa: Qwen2 with use_sliding_window, layer 0 full and layer 1 a 4-key window over 12 tokens
-    for (const std::string name : {"llama", "mistral", "qwen2", "qwen2_swa"}) {
+    // llama_variant: rms_norm_eps 1e-5, head_dim 24 != hidden/heads, one KV head, attention and MLP
+    // biases, linear rope: a loader that ignored any of them would miss by far more than 2e-5
+    for (const std::string name : {"llama", "mistral", "qwen2", "qwen2_swa", "llama_variant"}) {
       CAPTURE(name);
       const auto dir = kModels + "/" + name;
       REQUIRE_MESSAGE(fs::exists(dir + "/config.json"),
@@ -158,11 +167,12 @@ TEST_SUITE("model/pretrained") {
       auto d = compare_with_hf(m, ref);
       MESSAGE(name << ": max abs diff vs HF  unpadded " << d.unpadded << "  left-padded " << d.left
                    << "  right-padded " << d.right << "  packed " << d.packed << "  kv-decode " << d.decode);
-      CHECK(d.unpadded <= 1e-4);
-      CHECK(d.left <= 1e-4);
-      CHECK(d.right <= 1e-4);
-      CHECK(d.packed <= 1e-4);
-      CHECK(d.decode <= 1e-4);
+      // observed 2e-6 .. 8e-6 (fp32 summation order): 2e-5 leaves headroom, a 10x eps error does not fit
+      CHECK(d.unpadded <= 2e-5);
+      CHECK(d.left <= 2e-5);
+      CHECK(d.right <= 2e-5);
+      CHECK(d.packed <= 2e-5);
+      CHECK(d.decode <= 2e-5);
     }
   }
 
@@ -188,6 +198,16 @@ TEST_SUITE("model/pretrained") {
     CHECK_FALSE(swa.layer_window(0).has_value());
     CHECK(swa.layer_window(1) == 4);
     CHECK(swa.mixed_windows());
+    auto variant = load_config(kModels + "/llama_variant");
+    CHECK(variant.rms_norm_eps == 1e-5);
+    CHECK(variant.head_dim == 24);  // explicit, not hidden_size / heads = 16
+    CHECK(variant.num_key_value_heads == 1);
+    CHECK(variant.attention_bias);
+    CHECK(variant.mlp_bias);
+    CHECK(variant.rope_scaling.type == "linear");
+    CHECK(variant.rope_scaling.factor == 2.0);
+    CHECK(variant.rope_theta == 5e5);
+    CHECK(variant.max_position_embeddings == 256);
     CHECK(mistral.layer_window(0) == 6);  // Mistral: every layer
     CHECK(mistral.layer_window(1) == 6);
     CHECK_FALSE(mistral.mixed_windows());
@@ -282,16 +302,34 @@ TEST_SUITE("model/pretrained") {
     CHECK(error_of([&] { config_from_json(j, "x/config.json"); }).find("x/config.json") != std::string::npos);
   }
 
-  TEST_CASE("bf16 load: weights converted, logits close to fp32") {
+  TEST_CASE("bf16 load: logits on transformers' bf16 noise floor (HF bf16 CPU logits in the fixture)") {
     torch::NoGradGuard g;
     auto ref = load_safetensors(kModels + "/qwen2/hf_logits.safetensors");
+    auto ref16 = load_safetensors(kModels + "/qwen2/hf_bf16_logits.safetensors");
     auto m = load_causal_lm(kModels + "/qwen2", LoadOptions{}.dtype(at::kBFloat16));
     CHECK((m->parameters().front().scalar_type() == at::kBFloat16));
-    auto got = m->forward(ref.at("unpadded.input_ids")).to(at::kFloat);
-    const auto d = max_diff(got, ref.at("unpadded.logits"));
-    const auto scale = ref.at("unpadded.logits").abs().max().item<double>();
-    MESSAGE("qwen2 bf16 CPU vs HF fp32: max abs diff " << d << " (logits up to " << scale << ")");
-    CHECK(d < 0.05 * scale);
+    for (const std::string k : {"unpadded", "left", "right"}) {
+      CAPTURE(k);
+      const auto mask = ref.at(k + ".attention_mask").to(at::kBool);
+      auto got = m->forward(ref.at(k + ".input_ids"), ForwardArgs{}
+                                                          .attention_mask(ref.at(k + ".attention_mask"))
+                                                          .position_ids(ref.at(k + ".position_ids")))
+                     .to(at::kFloat)
+                     .index({mask});
+      const auto fp32 = ref.at(k + ".logits").index({mask});
+      const auto hf16 = ref16.at(k + ".logits").index({mask});
+      const double ours_vs_hf16 = (got - hf16).abs().mean().item<double>();
+      const double floor = (hf16 - fp32).abs().mean().item<double>();    // HF bf16's own error
+      const double ours_vs_fp32 = (got - fp32).abs().mean().item<double>();
+      MESSAGE(k << ": mean |ours - HF bf16| " << ours_vs_hf16 << ", |ours - fp32| " << ours_vs_fp32
+                << ", |HF bf16 - fp32| " << floor);
+      // measured (LibTorch 1.13 CPU vs transformers 5.24 on torch 2.15): |ours - fp32| = 0.96 x the
+      // floor, |ours - HF bf16| = 0.70 x; RMSNorm, softmax or rope tables in bf16 (instead of fp32, as
+      // HF) add an error of the floor's own size to the first
+      CHECK(ours_vs_fp32 <= 1.1 * floor);
+      CHECK(ours_vs_hf16 <= floor);
+      CHECK((got.argmax(-1) == hf16.argmax(-1)).to(at::kFloat).mean().item<double>() >= 0.97);
+    }
   }
 
   TEST_CASE("save → load round trip: single, sharded and bf16; critic") {
@@ -507,7 +545,7 @@ TEST_SUITE("model/pretrained") {
   }
 
   TEST_CASE("config_to_json reproduces the transformers-written fixture config.json key by key") {
-    for (const std::string name : {"llama", "mistral", "qwen2", "qwen2_swa"}) {
+    for (const std::string name : {"llama", "mistral", "qwen2", "qwen2_swa", "llama_variant"}) {
       CAPTURE(name);
       const auto hf = nlohmann::json::parse(read_file(kModels + "/" + name + "/config.json"));
       // from the parsed fields only (raw emptied), so nothing is merely copied through
@@ -535,7 +573,7 @@ TEST_SUITE("model/pretrained") {
   }
 
   TEST_CASE("expected_parameter_shapes equals the model's parameters (policy and critic)") {
-    for (const std::string name : {"llama", "mistral", "qwen2"}) {
+    for (const std::string name : {"llama", "mistral", "qwen2", "llama_variant"}) {
       CAPTURE(name);
       const auto c = load_config(kModels + "/" + name);
       CausalLM m(c);
@@ -668,27 +706,57 @@ TEST_SUITE("model/pretrained") {
     }
   }
 
-  // ---- for the lead's GPU run (tests/fixtures/make_model_fixtures.py does the HF side) ----
-  TEST_CASE("write checkpoints for the transformers round trip (HYBRIDRL_ROUNDTRIP_DIR)") {
-    const char* out = std::getenv("HYBRIDRL_ROUNDTRIP_DIR");
-    if (out == nullptr) return;
+  TEST_CASE("saved checkpoints are byte for byte the files transformers loaded (fixtures/models/roundtrip.json)") {
+    // make_model_fixtures.py --roundtrip-fixture loaded these checkpoints with transformers (logits
+    // equal to the fixture's to 1e-5, the critic's values recorded) and hashed every file: the same
+    // save must give the same bytes here. With HYBRIDRL_ROUNDTRIP_DIR set they stay there for it.
+    const char* keep = std::getenv("HYBRIDRL_ROUNDTRIP_DIR");
+    TempDir scratch("roundtrip");
+    const std::string out = keep != nullptr ? std::string(keep) : scratch.str();
     torch::NoGradGuard g;
-    for (const char* name : {"llama", "mistral", "qwen2"}) {
+    for (const char* name : {"llama", "mistral", "qwen2", "llama_variant"}) {
       auto m = load_causal_lm(kModels + "/" + name);
       const bool bf16 = std::string(name) == "qwen2";  // stored bf16: saving bf16 again is exact
-      save_pretrained(m, std::string(out) + "/" + name,
+      save_pretrained(m, out + "/" + name,
                       SaveOptions{}.max_shard_bytes(std::string(name) == "llama" ? 100000 : int64_t{1} << 30)
                           .dtype(bf16 ? std::optional<at::ScalarType>(at::kBFloat16) : std::nullopt));
     }
     auto critic = make_value_model(load_causal_lm(kModels + "/llama"));
-    const auto dir = std::string(out) + "/llama.critic";
-    save_pretrained(critic, dir);
-    auto ids = load_safetensors(kModels + "/llama/hf_logits.safetensors").at("unpadded.input_ids");
-    save_safetensors(dir + "/hybridrl_values.safetensors", {{"values", critic->forward(ids)}});
-    MESSAGE("wrote round-trip checkpoints under " << out);
+    const auto H = critic->config().hidden_size;
+    // fixed and exact in fp32 (integers / 64), not an RNG draw or linspace (whose rounding moved in 2.x)
+    critic->score->weight.copy_(((at::arange(H, at::kFloat) - static_cast<double>(H / 2)) / 64.0).view({1, H}));
+    critic->score->bias.fill_(0.125);
+    save_pretrained(critic, out + "/llama.critic");
+    REQUIRE_MESSAGE(fs::exists(kModels + "/roundtrip.json"),
+                    "run tests/fixtures/make_model_fixtures.py --roundtrip-fixture on the checkpoints written here");
+    const auto want = nlohmann::json::parse(read_file(kModels + "/roundtrip.json"));
+    REQUIRE(want["checkpoints"].size() == 5);
+    for (const auto& [name, entry] : want["checkpoints"].items()) {
+      CAPTURE(name);
+      std::set<std::string> have;
+      for (const auto& e : fs::directory_iterator(out + "/" + name)) have.insert(e.path().filename().string());
+      std::set<std::string> files;
+      for (const auto& [f, hash] : entry["files"].items()) {
+        files.insert(f);
+        CAPTURE(f);
+        CHECK(fnv1a64(out + "/" + name + "/" + f) == hash.get<std::string>());
+      }
+      CHECK(have == files);
+      if (entry.contains("max_abs_diff")) CHECK(entry["max_abs_diff"].get<double>() <= 1e-5);
+    }
+    // the critic: transformers' AutoModelForTokenClassification values of the saved files = ours
+    const auto ids = load_safetensors(kModels + "/llama/hf_logits.safetensors").at("unpadded.input_ids");
+    const auto& v = want["checkpoints"]["llama.critic"]["values"];
+    std::vector<float> flat;
+    for (const auto& row : v) for (const auto& x : row) flat.push_back(x.get<float>());
+    const auto hf_values = torch::tensor(flat).view({ids.size(0), ids.size(1)});
+    CHECK(max_diff(critic->forward(ids), hf_values) <= 1e-5);
+    MESSAGE("round trip: transformers " << want["transformers"].get<std::string>() << " loaded the files of "
+                                        << want["checkpoints"].size() << " checkpoints");
   }
 
-  TEST_CASE("dump logits of a checkpoint (HYBRIDRL_DUMP_LOGITS_DIR, bf16 on CUDA when present)") {
+  // a tool for scripts/gpu_acceptance.sh (run there with --no-skip), not a test: skipped in ctest
+  TEST_CASE("dump logits of a checkpoint (HYBRIDRL_DUMP_LOGITS_DIR, bf16 on CUDA when present)" * doctest::skip()) {
     const char* dir = std::getenv("HYBRIDRL_DUMP_LOGITS_DIR");
     if (dir == nullptr) return;
     torch::NoGradGuard g;

@@ -1,5 +1,5 @@
-// Tokenizers: sentencepiece against the ids the Python sentencepiece library gave for the fixture
-// model (tests/fixtures/models/tokenizer), and the byte-level tokenizer.
+// Tokenizers: sentencepiece against the ids transformers (AutoTokenizer, a `tokenizers` conversion of
+// tokenizer.model) and the Python sentencepiece library gave for the fixture model (tests/fixtures/models/tokenizer), and the byte-level tokenizer.
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -21,11 +21,14 @@ namespace {
 
 TEST_SUITE("model/tokenizer") {
 #if HYBRIDRL_WITH_SENTENCEPIECE
-  TEST_CASE("sentencepiece: ids, BOS/EOS and decode equal the reference") {
+  TEST_CASE("sentencepiece: ids and decode equal transformers' (AutoTokenizer on tokenizer.model) and sentencepiece's") {
     const std::string dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/tokenizer";
     std::ifstream in(dir + "/expected.json");
     REQUIRE(in.good());
     const auto want = nlohmann::json::parse(in);
+    REQUIRE_MESSAGE(want.contains("hf_tokenizer"),
+                    "regenerate: tests/fixtures/make_model_fixtures.py --hf-token-ids (transformers' ids)");
+    MESSAGE("reference: " << want["hf_tokenizer"].get<std::string>());
     SentencePieceTokenizer tok(dir);  // a directory holding tokenizer.model
     CHECK(tok.vocab_size() == want["vocab_size"].get<int64_t>());
     CHECK(tok.bos_id() == want["bos_id"].get<int64_t>());
@@ -35,8 +38,10 @@ TEST_SUITE("model/tokenizer") {
       const auto text = c["text"].get<std::string>();
       CAPTURE(text);
       CHECK(tok.encode(text, false) == c["ids"].get<std::vector<int64_t>>());
+      REQUIRE(c.contains("hf_ids"));
+      CHECK(tok.encode(text, false) == c["hf_ids"].get<std::vector<int64_t>>());  // transformers' tokenizers
+      CHECK(tok.decode(tok.encode(text, false)) == c["hf_decoded"].get<std::string>());
       const auto with_bos = tok.encode(text);
-      CHECK(with_bos == c["ids_with_bos"].get<std::vector<int64_t>>());
       auto with_eos = tok.encode(text, true, true);
       CHECK(with_eos.back() == tok.eos_id());
       CHECK(tok.decode(with_eos) == c["decoded"].get<std::string>());
