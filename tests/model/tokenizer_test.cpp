@@ -1,5 +1,6 @@
 // Tokenizers: sentencepiece against the ids transformers (AutoTokenizer, a `tokenizers` conversion of
-// tokenizer.model) and the Python sentencepiece library gave for the fixture model (tests/fixtures/models/tokenizer), and the byte-level tokenizer.
+// tokenizer.model) and the Python sentencepiece library gave for the fixture model
+// (tests/fixtures/models/tokenizer), and the byte-level tokenizer.
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -42,6 +43,7 @@ TEST_SUITE("model/tokenizer") {
       CHECK(tok.encode(text, false) == c["hf_ids"].get<std::vector<int64_t>>());  // transformers' tokenizers
       CHECK(tok.decode(tok.encode(text, false)) == c["hf_decoded"].get<std::string>());
       const auto with_bos = tok.encode(text);
+      CHECK(with_bos == c["ids_with_bos"].get<std::vector<int64_t>>());
       auto with_eos = tok.encode(text, true, true);
       CHECK(with_eos.back() == tok.eos_id());
       CHECK(tok.decode(with_eos) == c["decoded"].get<std::string>());
