@@ -29,6 +29,7 @@
 #include <hybridrl/core/options.hpp>
 #include <hybridrl/core/tensor_batch.hpp>
 #include <hybridrl/io/atomic_file.hpp>
+#include <hybridrl/io/json.hpp>
 #include <hybridrl/model/config.hpp>
 #include <hybridrl/model/pretrained.hpp>
 #include <hybridrl/rollout/generation.hpp>
@@ -138,12 +139,11 @@ inline std::vector<PromptLine> read_prompt_lines(const std::string& path) {
   for (int64_t no = 1; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto where = fmt::format("{} line {}", path, no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(fmt::format("{}: not JSON ({})", where, e.what()), "write one JSON object per line");
-    }
+    // depth-capped and NUL-rejecting; 1e400 (out_of_range, not a parse_error) is caught there too
+    auto parsed = io::parse_json(line);
+    HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("{}: not JSON ({})", where, parsed.error),
+                   "write one JSON object per line");
+    nlohmann::json j = std::move(parsed.value);
     HYBRIDRL_CHECK(j.is_object(), fmt::format("{}: not a JSON object", where),
                    "write one object per line, e.g. {\"prompt_ids\": [1, 2, 3]}");
     const bool has_ids = j.contains("prompt_ids"), has_text = j.contains("prompt"), has_chat = j.contains("messages");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <hybridrl/io/atomic_file.hpp>
+#include <hybridrl/io/json.hpp>
 #include <hybridrl/trainer/run.hpp>
 
 namespace hybridrl::app {
@@ -35,12 +36,10 @@ inline int run_tokenize(const std::string& model, const std::string& input, cons
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(fmt::format("{} line {}: not JSON ({})", input, lineno, e.what()), "give one JSON object per line");
-    }
+    auto parsed = io::parse_json(line);  // depth-capped, NUL-rejecting, never throws
+    HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("{} line {}: not JSON ({})", input, lineno, parsed.error),
+                   "give one JSON object per line");
+    nlohmann::json j = std::move(parsed.value);
     HYBRIDRL_CHECK(j.is_object(), fmt::format("{} line {}: not a JSON object", input, lineno), "give one JSON object per line");
     if (decode) {
       HYBRIDRL_CHECK(j.contains("ids") && j["ids"].is_array(), fmt::format("{} line {}: no \"ids\" list", input, lineno),

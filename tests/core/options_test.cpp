@@ -409,7 +409,8 @@ inner:
     CHECK(ends_with(help_line(help<FSDPOptions>(), "param_dtype"),
                     " <dtype (float32, bfloat16, float16, float64, int64, ...)> (default: \"bfloat16\")"));
     CHECK(describe(TP3DOptions{}.tensor_parallel_size(2)) ==
-          "data_parallel_size = -1\ntensor_parallel_size = 2\npipeline_parallel_size = 1\nsequence_parallel = false\n");
+          "data_parallel_size = -1\ntensor_parallel_size = 2\npipeline_parallel_size = 1\nsequence_parallel = false\n"
+          "param_dtype = \"bfloat16\"\nactivation_checkpointing = false\n");
   }
 
   TEST_CASE("did-you-mean uses edit distance") {

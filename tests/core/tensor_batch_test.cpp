@@ -95,6 +95,12 @@ TEST_SUITE("core/tensor_batch") {
     check_error([&] { b.union_with(TensorBatch({{"q", at::zeros({4})}}, {}, {{"step", 4}})); },
                 "metadata 'step' differs (3 vs 4)");
     CHECK_FALSE(b.has_tensor("q"));  // a failed union changes nothing
+    // metadata strings set from C++ need not be UTF-8: the message is still an Error (dump() throws)
+    TensorBatch bytes({{"q", at::zeros({4})}}, {}, {{"tag", "\xff"}});
+    check_error([&] { bytes.union_with(TensorBatch({{"r", at::zeros({4})}}, {}, {{"tag", "\xfe"}})); },
+                "metadata 'tag' differs");
+    check_error([&] { (void)TensorBatch::concat({bytes, TensorBatch({{"q", at::zeros({4})}}, {}, {{"tag", "\xfe"}})}); },
+                "metadata 'tag' differs");
   }
 
   TEST_CASE("slice, split and chunk") {

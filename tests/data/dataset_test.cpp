@@ -186,6 +186,59 @@ TEST_SUITE("data/dataset") {
     CHECK(d.statistics().skipped_for(LineError::bad_json) == 2);
   }
 
+  TEST_CASE("uid: integers keep their value over the whole unsigned range; other types are wrong_type") {
+    // before: 2^64 - 1 went through int64_t and became "-1"
+    std::istringstream in("{\"prompt\": \"a\", \"uid\": 18446744073709551615}\n"
+                          "{\"prompt\": \"b\", \"id\": -3}\n{\"prompt\": \"c\", \"uid\": 9223372036854775808}\n");
+    auto d = PromptDataset::from_stream(in, "mem.jsonl", ByteTokenizer{});
+    REQUIRE(d.size() == 3);
+    CHECK(d[0].uid == "18446744073709551615");
+    CHECK(d[1].uid == "-3");
+    CHECK(d[2].uid == "9223372036854775808");
+    CHECK(error_of<PromptDataset>("{\"prompt\": \"a\", \"uid\": 1.5}\n")
+              .find("mem.jsonl:1: field \"uid\" is number, expected a string or integer") != std::string::npos);
+  }
+
+  TEST_CASE("read_line: std::getline's lines at every chunk boundary; a line over max_line_bytes is never held") {
+    // lengths around the 64 KiB piece (65535 stored + '\n'), empty lines, a last line without '\n'
+    const std::vector<size_t> lengths{0, 3, 65534, 65535, 65536, 131071, 0, 200000, 7};
+    std::string text;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      text += std::string(lengths[i], static_cast<char>('a' + i));
+      if (i + 1 < lengths.size()) text += '\n';
+    }
+    for (const size_t cap : {size_t{1} << 30, size_t{65535}, size_t{3}}) {
+      CAPTURE(cap);
+      std::istringstream want(text), got(text);
+      std::string w, g;
+      bool too_long = false;
+      size_t lines = 0;
+      while (std::getline(want, w)) {
+        REQUIRE(hybridrl::detail::read_line(got, g, cap, &too_long));
+        CHECK(too_long == (w.size() > cap));
+        CHECK(g == (w.size() > cap ? std::string() : w));
+        ++lines;
+      }
+      CHECK(lines == lengths.size());
+      CHECK_FALSE(hybridrl::detail::read_line(got, g, cap, &too_long));
+      CHECK_FALSE(got.bad());
+    }
+    // in a dataset: too_long with file:line under raise, skipped and counted under skip
+    const std::string data = "{\"prompt\": \"a\"}\n{\"prompt\": \"" + std::string(300000, 'x') +
+                             "\"}\n{\"prompt\": \"b\"}";
+    const auto msg = error_of<PromptDataset>(data, DatasetOptions{}.max_line_bytes(1000));
+    CHECK(msg.find("mem.jsonl:2: the line is longer than max_line_bytes = 1000 bytes") != std::string::npos);
+    CHECK(msg.find("(too_long)") != std::string::npos);
+    std::istringstream in(data);
+    auto d = PromptDataset::from_stream(in, "mem.jsonl", ByteTokenizer{},
+                                        DatasetOptions{}.max_line_bytes(1000).on_error(OnError::skip));
+    CHECK(d.size() == 2);
+    CHECK(d.statistics().lines == 3);
+    CHECK(d.statistics().skipped_for(LineError::too_long) == 1);
+    CHECK(error_of<PromptDataset>("{}", DatasetOptions{}.max_line_bytes(0)).find("max_line_bytes = 0 is not positive") !=
+          std::string::npos);
+  }
+
   TEST_CASE("a read error is an Error, not a silently shorter dataset") {
     struct FailingBuf : std::streambuf {
       std::string data = "{\"prompt\": \"one\"}\n{\"prompt\": \"two\"}\n";

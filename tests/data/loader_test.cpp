@@ -360,6 +360,28 @@ TEST_SUITE("data/loader") {
     CHECK_THROWS_AS((void)Loader<Bucketed>::make(data, opts, LoaderState{0, 0, 4, 5, "Bucketed"}), Error);
     const nlohmann::json incomplete = {{"epoch", 1}};
     CHECK_THROWS_AS((void)incomplete.get<LoaderState>(), Error);
+    // negatives and out-of-range counts are refused, not wrapped (get<uint64_t>(-1) is 2^64 - 1)
+    const auto state_error = [](const nlohmann::json& j) {
+      try {
+        (void)j.get<LoaderState>();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    CHECK(state_error({{"seed", -1}, {"epoch", 0}, {"batch_in_epoch", 0}})
+              .find("\"seed\" is -1, expected an integer >= 0") != std::string::npos);
+    CHECK(state_error({{"seed", 1}, {"epoch", -2}, {"batch_in_epoch", 0}})
+              .find("\"epoch\" is -2, expected an integer >= 0") != std::string::npos);
+    CHECK(state_error({{"seed", 1}, {"epoch", 0}, {"batch_in_epoch", 18446744073709551615ULL}})
+              .find("\"batch_in_epoch\" is 18446744073709551615") != std::string::npos);
+    CHECK(state_error({{"seed", 1}, {"epoch", 0}, {"batch_in_epoch", 0}, {"dataset_size", -5}})
+              .find("\"dataset_size\" is -5, expected an integer >= -1") != std::string::npos);
+    CHECK(state_error(nlohmann::json::array({1, 2})).find("expected an object") != std::string::npos);
+    // a string that is not UTF-8 (possible from C++, not from a parsed file) still gives the Error
+    CHECK(state_error({{"seed", 1}, {"loader", "\xff\xfe"}}).find("loader state {") != std::string::npos);
+    const LoaderState top{UINT64_MAX, 3, 1, -1, "Packed"};
+    CHECK(nlohmann::json(top).get<LoaderState>() == top);  // the full seed range round-trips
   }
 
   TEST_CASE("bad options fail before any work") {

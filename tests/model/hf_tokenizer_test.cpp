@@ -196,6 +196,22 @@ TEST_SUITE("model/hf_tokenizer") {
     std::ofstream(bad.dir + "/tokenizer.json") << "{\"model\": ";
     CHECK(hf_error([&] { HFTokenizer t(bad.dir); }).find("is not valid JSON") != std::string::npos);
     CHECK(hf_error([] { HFTokenizer t("/nonexistent"); }).find("does not exist") != std::string::npos);
+    // nesting beyond 64 levels in any of the three files is an Error, not a stack overflow (before:
+    // nlohmann::json::parse accepted it and the recursive destructor could overflow the stack)
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    std::ofstream(bad.dir + "/tokenizer.json") << "{\"model\": " << deep << "}";
+    CHECK(hf_error([&] { HFTokenizer t(bad.dir); }).find("tokenizer.json' is not valid JSON (nesting deeper than 64") !=
+          std::string::npos);
+    EditedTokenizer cfg("deep_cfg", [](auto&) {});
+    std::ofstream(cfg.dir + "/tokenizer_config.json") << "{\"x\": " << deep << "}";
+    CHECK(hf_error([&] { HFTokenizer t(cfg.dir); }).find("tokenizer_config.json' is not valid JSON (nesting deeper") !=
+          std::string::npos);
+    std::filesystem::remove(cfg.dir + "/tokenizer_config.json");
+    std::ofstream(cfg.dir + "/generation_config.json") << "{\"eos_token_id\": " << deep << "}";
+    CHECK(hf_error([&] { HFTokenizer t(cfg.dir); }).find("generation_config.json' is not valid JSON (nesting deeper") !=
+          std::string::npos);
+    std::ofstream(cfg.dir + "/generation_config.json") << "{\"eos_token_id\": \"two\"}";
+    CHECK(hf_error([&] { HFTokenizer t(cfg.dir); }).find("eos_token_id is not an integer or a list") != std::string::npos);
     const HFTokenizer qwen(tokenizer_fixture("qwen2"));
     CHECK(hf_error([&] { (void)qwen.encode("ab\xC3(", false); }).find("not valid UTF-8 (byte 2)") != std::string::npos);
     CHECK(hf_error([&] { (void)qwen.decode({qwen.vocab_size()}); }).find("outside the vocabulary") != std::string::npos);

@@ -608,6 +608,85 @@ TEST_SUITE("model/pretrained") {
           std::string::npos);
   }
 
+  TEST_CASE("ParameterInit: parameters in the scope's dtype, no random draw when asked, scopes nest") {
+    const auto c = load_config(kModels + "/llama");
+    CHECK((ParameterInit::options().dtype() == caffe2::TypeMeta::Make<float>()));
+    CHECK(ParameterInit::random());
+    {
+      ParameterInit outer(at::TensorOptions().dtype(at::kBFloat16), /*random=*/false);
+      CausalLM m(c);
+      for (const auto& p : m->named_parameters()) {
+        CAPTURE(p.key());
+        CHECK((p.value().scalar_type() == at::kBFloat16));
+        CHECK(p.value().device().is_cpu());
+      }
+      {
+        ParameterInit inner(at::TensorOptions().dtype(at::kDouble), /*random=*/true);
+        CHECK((ParameterInit::options().dtype() == caffe2::TypeMeta::Make<double>()));
+        CHECK(ParameterInit::random());
+      }
+      CHECK((ParameterInit::options().dtype() == caffe2::TypeMeta::Make<c10::BFloat16>()));
+      CHECK_FALSE(ParameterInit::random());
+    }
+    CHECK((ParameterInit::options().dtype() == caffe2::TypeMeta::Make<float>()));
+    CHECK(ParameterInit::random());
+
+    // random = false draws nothing: the generator's next numbers are those of a fresh seed. Outside
+    // a scope the build draws (the check below would fail if it did not).
+    auto next_after = [&](bool build, std::optional<bool> random) {
+      at::manual_seed(1234);
+      if (build) {
+        std::optional<ParameterInit> scope;
+        if (random) scope.emplace(at::TensorOptions(), *random);
+        CausalLM m(c);
+      }
+      return at::randn({8});
+    };
+    const auto fresh = next_after(false, std::nullopt);
+    CHECK(at::equal(next_after(true, false), fresh));
+    CHECK_FALSE(at::equal(next_after(true, std::nullopt), fresh));
+    CHECK_FALSE(at::equal(next_after(true, true), fresh));
+  }
+
+  TEST_CASE("loading builds in the target dtype (bit-equal to load-then-convert); a model that does not fit is refused") {
+    const auto dir = kModels + "/llama";
+    const auto c = load_config(dir);
+    auto fp32 = load_causal_lm(dir);
+    int64_t numel = 0;
+    for (const auto& p : fp32->parameters()) numel += p.numel();
+    // parameter_bytes from the config alone equals the built model's count × element size
+    CHECK(hybridrl::detail::parameter_bytes(c, ModelHead::language_model, at::kFloat) == 4 * numel);
+    CHECK(hybridrl::detail::parameter_bytes(c, ModelHead::language_model, at::kBFloat16) == 2 * numel);
+
+    auto bf16 = load_causal_lm(dir, LoadOptions{}.dtype(at::kBFloat16));
+    auto want = fp32->named_parameters();
+    for (const auto& p : bf16->named_parameters()) {
+      CAPTURE(p.key());
+      CHECK((p.value().scalar_type() == at::kBFloat16));
+      CHECK(at::equal(p.value(), want[p.key()].to(at::kBFloat16)));
+    }
+
+    // the limit: exactly enough loads, one byte less is refused before anything is built
+    CHECK_NOTHROW(load_causal_lm(dir, LoadOptions{}.max_memory(4 * numel)));
+    auto msg = error_of([&] { load_causal_lm(dir, LoadOptions{}.max_memory(4 * numel - 1)); });
+    CHECK(msg.find(fmt::format("take {} bytes", 4 * numel)) != std::string::npos);
+    CHECK(msg.find("float32") != std::string::npos);
+    CHECK(msg.find("LoadOptions::max_memory") != std::string::npos);
+    CHECK(msg.find("model.dtype=bfloat16") != std::string::npos);
+    CHECK(msg.find("Sharding<FSDP>") != std::string::npos);
+    // the same limit holds the bf16 model, which is half the size
+    CHECK_NOTHROW(load_causal_lm(dir, LoadOptions{}.dtype(at::kBFloat16).max_memory(4 * numel - 1)));
+    // the critic and the reward model are checked too
+    msg = error_of([&] { load_value_model(dir, LoadOptions{}.max_memory(1000)); });
+    CHECK(msg.find("available") == std::string::npos);
+    CHECK(msg.find("allowed (LoadOptions::max_memory)") != std::string::npos);
+    // by default the limit is the memory available now: this machine has room for the tiny model
+    const auto avail = available_memory(at::Device(at::kCPU));
+    REQUIRE(avail.has_value());
+    CHECK(*avail > 4 * numel);
+    CHECK_NOTHROW(load_value_model(dir));
+  }
+
   TEST_CASE("save_pretrained removes only HF weight files of an earlier save; the user's stay") {
     torch::NoGradGuard g;
     auto m = load_causal_lm(kModels + "/llama");

@@ -99,7 +99,9 @@ typename T::Options online_fit_options(int64_t steps, uint64_t seed) {
   typename T::Options o;
   o.trainer().total_steps(steps).seed(seed);
   o.data().train_batch_size(4);
-  o.rollout().n(8).max_batch_size(32);
+  o.rollout().n(8);
+  if constexpr (requires { o.rollout().max_batch_size(int64_t{32}); }) o.rollout().max_batch_size(32);  // Naive
+  if constexpr (requires { o.rollout().kv_cache_tokens(int64_t{1}); }) o.rollout().kv_cache_tokens(4096);  // Paged
   o.rollout().sampling().max_new_tokens(6).ignore_eos(true).temperature(1.0);
   o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(16);
   o.optim().lr(1e-2).weight_decay(0.0).schedule(LRSchedule::constant);

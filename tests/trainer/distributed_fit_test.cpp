@@ -125,6 +125,62 @@ TEST_SUITE("trainer/distributed") {
     CHECK(dist_weights_rel(resumed, one) <= 1e-5);
   }
 
+  TEST_CASE("GRPO with Sharding<TP3D> (tensor 2; data 2 × tensor 2) fits as one process does; weights go to a TP = 1 rollout") {
+    using TPGRPO = Trainer<Algorithm<GRPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>;
+    FitTempDir tmp("tp_grpo");
+    auto prompts = fixture_prompts(tmp.path);
+    auto options = [](int64_t tp) {
+      auto o = online_fit_options<TPGRPO>(3, 3);
+      o.geometry().micro_batch_size_per_gpu(8);
+      o.sharding().tensor_parallel_size(tp);
+      o.optim().eps(1e-6);  // see sharding/tp3d_test.cpp: eps 1e-8 magnifies 1e-9 gradient noise
+      return o;
+    };
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps;
+    FitParts ref_parts = quiet;
+    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    TPGRPO(options(1)).fit(one, prompts, dist_reward, ref_parts);
+    REQUIRE(ref_steps.size() == 3);
+    CHECK(ref_steps[0]["weight_sync/bytes"] == 0.0);
+    int64_t split_bytes = 0;  // what a rank of a tensor pair receives to rebuild the full weights (fp32)
+    for (const auto& p : one->named_parameters()) {
+      if (tensor_parallel_dim(p.key())) split_bytes += p.value().numel() * 4 / 2;
+    }
+    for (const int world : {2, 4}) {
+      CAPTURE(world);
+      std::mutex m;
+      std::vector<std::map<std::string, double>> steps;
+      std::vector<double> rel(static_cast<size_t>(world), 1.0);
+      run_on("thread", world, [&](Communicator& comm) {
+        FitParts p = quiet;
+        p.comm = dist_borrowed(comm);
+        if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+        auto policy = fit_fixture_model();
+        TPGRPO(options(2), world).fit(policy, prompts, dist_reward, p);
+        const auto r = dist_weights_rel(policy, one);  // materialized: the full trained weights on every rank
+        std::lock_guard<std::mutex> lock(m);
+        rel[static_cast<size_t>(comm.rank())] = r;
+      });
+      for (const auto r : rel) CHECK(r <= 1e-5);
+      REQUIRE(steps.size() == 3);
+      CHECK(steps[0]["sharding/param_elements"] == ref_steps[0]["sharding/param_elements"]);
+      CHECK(steps[0]["sharding/param_elements_per_rank"] < 0.6 * steps[0]["sharding/param_elements"]);
+      CHECK(steps[0]["weight_sync/bytes"] == static_cast<double>(split_bytes));
+      for (size_t s = 0; s < 3; ++s) {
+        CAPTURE(s);
+        CHECK(steps[s]["reward_mean"] == doctest::Approx(ref_steps[s]["reward_mean"]).epsilon(1e-9));
+        CHECK(steps[s]["response_length_mean"] == doctest::Approx(ref_steps[s]["response_length_mean"]));
+        CHECK(steps[s]["loss"] == doctest::Approx(ref_steps[s]["loss"]).epsilon(1e-5));
+        CHECK(steps[s]["grad_norm"] == doctest::Approx(ref_steps[s]["grad_norm"]).epsilon(1e-5));
+        CHECK(steps[s]["kl"] == doctest::Approx(ref_steps[s]["kl"]).epsilon(1e-4));
+        CHECK(steps[s]["tokens_per_s"] > 0.0);
+      }
+    }
+  }
+
   TEST_CASE("DPO with Sharding<FSDP> on 2 ranks fits as one process does; geometry errors name the fix") {
     FitTempDir tmp("dist_dpo");
     const ByteTokenizer tok;

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "../support/fit.hpp"
 
 using namespace hybridrl;
@@ -145,6 +147,20 @@ TEST_SUITE("trainer/run") {
     CHECK(mentions(run_error([] { (void)configure_run<SFTTrainer>(run_sources({"model.init=tiny", "reward.name=gsm8k"}).sources); }),
                    "reward.name"));  // offline runs have no reward table
     CHECK(mentions(run_error([] { (void)read_run_sources("/nonexistent/run.yaml", {}); }), "cannot open the configuration"));
+    // a JSON configuration (and a checkpoint's trainer_state.json) nested beyond 64 levels is an
+    // Error naming the file, not a stack overflow in the later copies
+    const auto dir = std::filesystem::temp_directory_path() / ("hybridrl_deep_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir / "step_00000001");
+    const std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+    std::ofstream((dir / "run.json").string()) << deep;
+    CHECK(mentions(run_error([&] { (void)read_run_sources((dir / "run.json").string(), {}); }),
+                   "run.json' is not valid JSON (nesting deeper than 64 levels)"));
+    for (const char* f : {"trainer_state.json", "model.safetensors", "trainer_state.safetensors"}) {
+      std::ofstream((dir / "step_00000001" / f).string()) << deep;
+    }
+    CHECK(mentions(run_error([&] { (void)CheckpointManager::load((dir / "step_00000001").string()); }),
+                   "trainer_state.json' is not valid JSON (nesting deeper than 64 levels)"));
+    std::filesystem::remove_all(dir);
   }
 
   TEST_CASE("a checkpoint's tokenizer: tokenizer.json first, its chat format, the files to copy; model.chat_format") {

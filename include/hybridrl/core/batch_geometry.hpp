@@ -71,11 +71,17 @@ struct BatchGeometry {
   /// Tensor-parallel size of the generation engine; divides world_size. Not a configuration key:
   /// the rollout owns it (rollout.tensor_parallel_size).
   HYBRIDRL_ARG(int64_t, rollout_tensor_parallel_size) = 1;
+  /// Training model-parallel size: ranks that hold the shards of one model replica and so see the
+  /// same data (Sharding<TP3D>'s tensor × pipeline sizes). Not a configuration key: the sharding
+  /// owns it (sharding.tensor_parallel_size; the Trainer copies it here).
+  HYBRIDRL_ARG(int64_t, model_parallel_size) = 1;
 
   HYBRIDRL_FIELDS(ppo_mini_batch_size, micro_batch_size_per_gpu, sequence_parallel_size, ppo_epochs)
 
   /// Ranks that see different data during training.
-  [[nodiscard]] int64_t data_parallel_size() const { return world_size_ / sequence_parallel_size_; }
+  [[nodiscard]] int64_t data_parallel_size() const {
+    return world_size_ / (sequence_parallel_size_ * model_parallel_size_);
+  }
   /// Sequences generated per step, over all ranks.
   [[nodiscard]] int64_t sequences_per_step() const { return train_batch_size_ * rollout_n_; }
   /// Optimizer steps per PPO epoch.
@@ -98,12 +104,17 @@ struct BatchGeometry {
   /// Throws hybridrl::Error naming the first broken rule, with the arithmetic and a fix.
   void validate() const {
     const auto t = train_batch_size_, n = rollout_n_, w = world_size_, m = ppo_mini_batch_size_,
-               u = micro_batch_size_per_gpu_, sp = sequence_parallel_size_,
-               tp = rollout_tensor_parallel_size_;
+               u = micro_batch_size_per_gpu_, mp = model_parallel_size_, tp = rollout_tensor_parallel_size_;
+    // ranks that see the same data: a sequence-parallel group, times the training model-parallel size
+    const auto sp = sequence_parallel_size_ * mp;
+    const std::string replica = mp == 1 ? fmt::format("sequence_parallel_size {}", sp)
+                                        : fmt::format("sequence_parallel_size {} × model_parallel_size {}",
+                                                      sequence_parallel_size_, mp);
     const std::pair<const char*, int64_t> counts[] = {
         {"train_batch_size", t}, {"rollout_n", n}, {"ppo_mini_batch_size", m},
         {"micro_batch_size_per_gpu", u}, {"sequence_parallel_size", sp},
-        {"ppo_epochs", ppo_epochs_}, {"world_size", w}, {"rollout_tensor_parallel_size", tp}};
+        {"ppo_epochs", ppo_epochs_}, {"world_size", w}, {"rollout_tensor_parallel_size", tp},
+        {"model_parallel_size", mp}};
     for (const auto& [name, v] : counts) {
       HYBRIDRL_CHECK(v >= 1, fmt::format("{} = {} is below 1", name, v),
                      "set every batch count to 1 or more");
@@ -114,10 +125,9 @@ struct BatchGeometry {
       case GeometryRule::positive:
         break;  // reported below, naming the field
       case GeometryRule::sp_divides_world:
-        throw Error(fmt::format("world_size {} is not divisible by sequence_parallel_size {} "
-                                "({} % {} = {})",
-                                w, sp, w, sp, w % sp),
-                    "choose a sequence_parallel_size that divides the number of GPUs");
+        throw Error(fmt::format("world_size {} is not divisible by {} ({} % {} = {})", w, replica, w, sp, w % sp),
+                    mp == 1 ? "choose a sequence_parallel_size that divides the number of GPUs"
+                            : "choose sequence-parallel and tensor-parallel sizes whose product divides the number of GPUs");
       case GeometryRule::tp_divides_world:
         throw Error(fmt::format("world_size {} is not divisible by rollout_tensor_parallel_size {} "
                                 "({} % {} = {})",
@@ -140,9 +150,8 @@ struct BatchGeometry {
                     "choose a ppo_mini_batch_size that divides train_batch_size");
       case GeometryRule::dp_divides_mini:
         throw Error(fmt::format("ppo_mini_batch_size × rollout_n = {} × {} = {} sequences do not "
-                                "split over {} data-parallel ranks (world_size {} ÷ "
-                                "sequence_parallel_size {}; {} % {} = {})",
-                                m, n, m * n, w / sp, w, sp, m * n, w / sp, (m * n) % (w / sp)),
+                                "split over {} data-parallel ranks (world_size {} ÷ {}; {} % {} = {})",
+                                m, n, m * n, w / sp, w, replica, m * n, w / sp, (m * n) % (w / sp)),
                     fmt::format("make ppo_mini_batch_size × rollout_n a multiple of {}", w / sp));
       case GeometryRule::micro_divides_mini:
         throw Error(fmt::format("a rank's mini-batch of {} × {} ÷ {} = {} sequences is not a "
@@ -157,11 +166,11 @@ struct BatchGeometry {
   [[nodiscard]] std::string describe() const {
     return fmt::format(
         "batch geometry: {} prompts × {} samples = {} sequences per step on {} ranks "
-        "(data-parallel {}, sequence-parallel {}); generation: {} groups (TP={}) of {} sequences; "
+        "(data-parallel {}, sequence-parallel {}, model-parallel {}); generation: {} groups (TP={}) of {} sequences; "
         "training: {} mini-batches of {} prompts, {} sequences per rank each, {} micro-batches of {}; "
         "{} epoch(s) per step",
         train_batch_size_, rollout_n_, sequences_per_step(), world_size_, data_parallel_size(),
-        sequence_parallel_size_, rollout_groups(), rollout_tensor_parallel_size_,
+        sequence_parallel_size_, model_parallel_size_, rollout_groups(), rollout_tensor_parallel_size_,
         sequences_per_rollout_group(), mini_batches_per_step(), ppo_mini_batch_size_,
         mini_batch_sequences_per_rank(), micro_batches_per_mini_batch(), micro_batch_size_per_gpu_,
         ppo_epochs_);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <string>
@@ -156,6 +157,36 @@ inline std::pair<int64_t, int64_t> process_rss() {
   return {rss, hwm};
 }
 }  // namespace detail
+
+/// Bytes that can still be allocated on `device`: MemAvailable from /proc/meminfo for the CPU,
+/// cudaMemGetInfo's free memory for a CUDA device (in a CUDA build). nullopt where it cannot be
+/// told (no /proc, a CPU-only build asked about CUDA, another device type): callers then skip
+/// their check rather than refuse.
+inline std::optional<int64_t> available_memory(const at::Device& device) {
+  if (device.is_cpu()) {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    while (f >> key >> kb) {
+      if (key == "MemAvailable:") return kb * 1024;
+      f.ignore(64, '\n');
+    }
+    return std::nullopt;
+  }
+#if defined(HYBRIDRL_WITH_CUDA)
+  if (device.is_cuda()) {
+    int before = 0;
+    if (cudaGetDevice(&before) != cudaSuccess) return std::nullopt;
+    const int index = device.has_index() ? device.index() : before;
+    if (index != before && cudaSetDevice(index) != cudaSuccess) return std::nullopt;
+    std::size_t free_bytes = 0, total = 0;
+    const bool ok = cudaMemGetInfo(&free_bytes, &total) == cudaSuccess;
+    if (index != before) cudaSetDevice(before);
+    if (ok) return static_cast<int64_t>(free_bytes);
+  }
+#endif
+  return std::nullopt;
+}
 
 /// Measures memory now (CUDA device `cuda_index` when CUDA devices exist, else the process RSS),
 /// writes one line to `out` (std::clog by default; nullptr for none) and returns the numbers.

@@ -26,6 +26,7 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/io/json.hpp"
 
 namespace hybridrl {
 
@@ -233,7 +234,7 @@ class TensorBatch {
       if (meta_.contains(k)) {
         HYBRIDRL_CHECK(meta_[k] == v,
                        fmt::format("union_with: metadata '{}' differs ({} vs {})", k,
-                                   meta_[k].dump(), v.dump()),
+                                   io::brief(meta_[k]), io::brief(v)),
                        "make the metadata agree, or set_meta() one side before the union");
       }
     }
@@ -305,7 +306,7 @@ class TensorBatch {
       for (const auto& [k, v] : parts[i].meta_.items()) {
         HYBRIDRL_CHECK(!out.meta_.contains(k) || out.meta_[k] == v,
                        fmt::format("concat: metadata '{}' differs between parts ({} vs {})", k,
-                                   out.meta_.contains(k) ? out.meta_[k].dump() : "", v.dump()),
+                                   out.meta_.contains(k) ? io::brief(out.meta_[k]) : "", io::brief(v)),
                        "make the metadata agree, or set_meta() the parts before concatenating");
         out.meta_[k] = v;
       }

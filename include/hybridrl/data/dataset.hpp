@@ -125,10 +125,13 @@ struct DatasetOptions {
   /// PromptDataset: a string prompt is sent as one user message in the chat format (what an
   /// instruct model expects); a conversation always is.
   HYBRIDRL_ARG(bool, as_chat) = false;
+  /// Longest line in bytes; a longer one is a too_long line (honours on_error) and is never held in
+  /// memory whole (a JSON array or a file without newlines is not read into one string).
+  HYBRIDRL_ARG(int64_t, max_line_bytes) = int64_t{1} << 30;
   /// Its fields sit at the level of the options that hold it (`data.max_prompt_length`).
   static constexpr bool inline_fields = true;
   HYBRIDRL_FIELDS(max_prompt_length, max_length, on_error, add_bos, add_eos, default_data_source, prompt_key,
-                  prompt_template, as_chat)
+                  prompt_template, as_chat, max_line_bytes)
 
   /// Throws hybridrl::Error for an impossible value.
   void validate() const {
@@ -139,6 +142,8 @@ struct DatasetOptions {
     HYBRIDRL_CHECK(max_length_ == 0 || max_prompt_length_ == 0 || max_prompt_length_ <= max_length_,
                    fmt::format("max_prompt_length = {} exceeds max_length = {}", max_prompt_length_, max_length_),
                    "make max_length at least max_prompt_length");
+    HYBRIDRL_CHECK(max_line_bytes_ > 0, fmt::format("max_line_bytes = {} is not positive", max_line_bytes_),
+                   "use a positive byte count (default 1 GiB)");
     HYBRIDRL_CHECK(!prompt_key_.empty(), "prompt_key is empty", "name the field that holds the prompt, e.g. prompt");
     HYBRIDRL_CHECK(prompt_template_.empty() || prompt_template_.find("{prompt}") != std::string::npos,
                    fmt::format("prompt_template = \"{}\" has no {{prompt}}", prompt_template_),
@@ -242,6 +247,8 @@ inline std::string uid_of(const nlohmann::json& obj, const std::string& source, 
     auto it = obj.find(key);
     if (it == obj.end() || it->is_null()) continue;
     if (it->is_string()) return it->get<std::string>();
+    // unsigned first: 2^63 and above would wrap to a negative id through int64_t
+    if (it->is_number_unsigned()) return std::to_string(it->get<uint64_t>());
     if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
     throw LineFailure{LineError::wrong_type,
                       fmt::format("field \"{}\" is {}, expected a string or integer", key,
@@ -257,6 +264,36 @@ inline void check_length(int64_t n, int64_t limit, const char* what, const char*
   }
 }
 
+/// std::getline with a bound: reads the next line (without '\n') into `out`, keeping at most
+/// `max_bytes` of it; `*too_long` tells whether more was there (and was consumed, in 64 KiB pieces,
+/// never held). False at the end of the stream or on a read error (the caller checks bad()).
+inline bool read_line(std::istream& in, std::string& out, size_t max_bytes, bool* too_long) {
+  out.clear();
+  *too_long = false;
+  bool any = false;
+  char buf[1 << 16];
+  for (;;) {
+    in.getline(buf, sizeof buf);
+    const auto n = static_cast<size_t>(in.gcount());
+    const bool full = in.fail() && !in.eof() && !in.bad() && n == sizeof buf - 1;  // no '\n' yet
+    if (in.bad()) return false;
+    if (in.fail() && !full) return any;  // EOF with nothing more
+    any = true;
+    const size_t stored = full || in.eof() ? n : n - 1;  // gcount counts the extracted '\n'
+    if (!*too_long) {
+      if (out.size() + stored > max_bytes) {
+        *too_long = true;
+        out.clear();
+        out.shrink_to_fit();
+      } else {
+        out.append(buf, stored);
+      }
+    }
+    if (!full) return true;
+    in.clear(in.rdstate() & ~std::ios::failbit);
+  }
+}
+
 /// Drives the per-line parser over a stream with the raise/skip policy and statistics.
 template <class Sample, class Parse>
 std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
@@ -265,15 +302,22 @@ std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
   std::vector<Sample> out;
   std::string text;
   int64_t line = 0;
-  while (std::getline(in, text)) {
+  bool overlong = false;
+  while (read_line(in, text, static_cast<size_t>(options.max_line_bytes()), &overlong)) {
     ++line;
     ++stats.lines;
-    if (!text.empty() && text.back() == '\r') text.pop_back();
-    if (std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c) != 0; })) {
+    if (!overlong && !text.empty() && text.back() == '\r') text.pop_back();
+    if (!overlong && std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isspace(c) != 0; })) {
       ++stats.blank_lines;
       continue;
     }
     try {
+      if (overlong) {
+        throw LineFailure{LineError::too_long,
+                          fmt::format("the line is longer than max_line_bytes = {} bytes (JSONL holds one JSON "
+                                      "object per line: is this a JSON array, or a file without newlines?)",
+                                      options.max_line_bytes())};
+      }
       // Depth-capped and NUL-rejecting; every nlohmann exception (1e400's out_of_range too) is a
       // bad_json line, not an escaping exception.
       auto parsed = io::parse_json(text, io::JSONLimits{.max_depth = kMaxLineDepth});
@@ -293,7 +337,7 @@ std::vector<Sample> read_jsonl(std::istream& in, const std::string& source,
       const auto where = fmt::format("{}:{}: {} ({})", source, line, f.message, to_string(f.reason));
       if (options.on_error() == OnError::raise) {
         throw Error(where, f.reason == LineError::too_long
-                               ? "raise data.max_length / data.max_prompt_length, drop the line, or "
+                               ? "raise data.max_length / data.max_prompt_length (data.max_line_bytes for bytes), drop the line, or "
                                  "set data.on_error=skip (DatasetOptions::on_error(OnError::skip)) to "
                                  "skip and count such lines"
                                : "fix or delete the line, or set data.on_error=skip "

@@ -33,6 +33,7 @@
 #include "hybridrl/data/collate.hpp"
 #include "hybridrl/data/dataset.hpp"
 #include "hybridrl/data/prefetch.hpp"
+#include "hybridrl/io/json.hpp"
 
 namespace hybridrl {
 
@@ -59,15 +60,33 @@ inline void to_json(nlohmann::json& j, const LoaderState& s) {
 
 /// Reads a LoaderState; a missing or mistyped field throws hybridrl::Error.
 inline void from_json(const nlohmann::json& j, LoaderState& s) {
+  const auto fail = [&](const std::string& why) {
+    // io::brief: bounded, and never throws on strings that are not UTF-8 (dump() would)
+    return Error(fmt::format("loader state {} is not valid ({})", io::brief(j), why),
+                 "pass the object that LoaderState's to_json wrote into the checkpoint");
+  };
+  // get<uint64_t>() of -1 wraps and get<int64_t>() accepts negatives: range-check before converting
+  const auto count = [&](const char* key, int64_t min) {
+    const auto& v = j.at(key);
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) ||
+        (!v.is_number_unsigned() && v.get<int64_t>() < min)) {
+      throw fail(fmt::format("\"{}\" is {}, expected an integer >= {}", key, io::brief(v), min));
+    }
+    return v.get<int64_t>();
+  };
   try {
-    s.seed = j.at("seed").get<uint64_t>();
-    s.epoch = j.at("epoch").get<int64_t>();
-    s.batch_in_epoch = j.at("batch_in_epoch").get<int64_t>();
-    s.dataset_size = j.value("dataset_size", int64_t{-1});
+    if (!j.is_object()) throw fail(fmt::format("it is a JSON {}, expected an object", j.type_name()));
+    const auto& seed = j.at("seed");
+    if (!seed.is_number_unsigned() && !(seed.is_number_integer() && seed.get<int64_t>() >= 0)) {
+      throw fail(fmt::format("\"seed\" is {}, expected an integer >= 0", io::brief(seed)));
+    }
+    s.seed = seed.get<uint64_t>();
+    s.epoch = count("epoch", 0);
+    s.batch_in_epoch = count("batch_in_epoch", 0);
+    s.dataset_size = j.contains("dataset_size") ? count("dataset_size", -1) : -1;
     s.loader = j.value("loader", std::string{});
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("loader state {} is not valid ({})", j.dump(), e.what()),
-                "pass the object that LoaderState's to_json wrote into the checkpoint");
+    throw fail(e.what());
   }
 }
 

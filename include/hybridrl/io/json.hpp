@@ -142,4 +142,14 @@ struct JSONLimitExceeded {
   return out + (v.is_array() ? "]" : "}");
 }
 
+/// Reads and parses a JSON file within `limits` (read_text_file's size cap, parse_json's depth cap
+/// and NUL check). Throws Error "'<path>' is not valid JSON (<why>)" with `fix` for bad content.
+[[nodiscard]] inline nlohmann::json read_json_file(const std::string& path, const std::string& what,
+                                                   const std::string& fix, size_t max_bytes = size_t{1} << 30,
+                                                   const JSONLimits& limits = {}) {
+  auto parsed = parse_json(read_text_file(path, what, max_bytes), limits);
+  HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("'{}' is not valid JSON ({})", path, parsed.error), fix);
+  return std::move(parsed.value);
+}
+
 }  // namespace hybridrl::io

@@ -29,7 +29,7 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   /// A norm over the last dimension of size `dim`, weight initialised to ones.
   RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
-    weight = register_parameter("weight", torch::ones({dim}));
+    weight = register_parameter("weight", torch::ones({dim}, ParameterInit::options()));
   }
   /// Normalised `x` ([..., dim]).
   at::Tensor forward(const at::Tensor& x) {

@@ -9,6 +9,7 @@
 #include "hybridrl/model/activation_checkpoint.hpp"
 #include "hybridrl/model/attention.hpp"
 #include "hybridrl/model/config.hpp"
+#include "hybridrl/model/parameter_init.hpp"
 #include "hybridrl/model/parallel.hpp"
 #include "hybridrl/model/layers.hpp"
 #include "hybridrl/model/decoder.hpp"

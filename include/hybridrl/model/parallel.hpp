@@ -12,6 +12,8 @@
 /// unchanged. Shard layout rule (agrees with the sharding engines' weight export): column-parallel
 /// weights and their biases split on dim 0, row-parallel weights on dim 1 (their bias replicated),
 /// embed_tokens and lm_head on dim 0 (vocabulary), norms and the critic's score replicated.
+/// Parameters are created with the innermost ParameterInit scope's device and dtype, and drawn
+/// only when it asks for random initialisation (model/parameter_init.hpp; loading skips the draw).
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -27,6 +29,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/distributed/communicator.hpp"
+#include "hybridrl/model/parameter_init.hpp"
 #include "hybridrl/sharding/weights.hpp"
 
 namespace hybridrl {
@@ -130,9 +133,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
       : pc_(pc), in_(in), out_(out) {
     pc.validate();
     const auto local = detail::tp_local_size(out, pc, "output features");
-    weight = register_parameter("weight", torch::empty({local, in}));
-    if (bias) this->bias = register_parameter("bias", torch::empty({local}));
-    reset_parameters();
+    weight = register_parameter("weight", torch::empty({local, in}, ParameterInit::options()));
+    if (bias) this->bias = register_parameter("bias", torch::empty({local}, ParameterInit::options()));
+    if (ParameterInit::random()) reset_parameters();
   }
   /// torch::nn::Linear's initialisation (kaiming-uniform weight, uniform bias by fan-in).
   void reset_parameters() {
@@ -169,9 +172,9 @@ class RowParallelLinearImpl : public torch::nn::Module {
       : pc_(pc), in_(in), out_(out) {
     pc.validate();
     const auto local = detail::tp_local_size(in, pc, "input features");
-    weight = register_parameter("weight", torch::empty({out, local}));
-    if (bias) this->bias = register_parameter("bias", torch::empty({out}));
-    reset_parameters();
+    weight = register_parameter("weight", torch::empty({out, local}, ParameterInit::options()));
+    if (bias) this->bias = register_parameter("bias", torch::empty({out}, ParameterInit::options()));
+    if (ParameterInit::random()) reset_parameters();
   }
   /// torch::nn::Linear's initialisation (kaiming-uniform weight, uniform bias by fan-in).
   void reset_parameters() {
@@ -210,8 +213,8 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   VocabParallelEmbeddingImpl(int64_t vocab, int64_t dim, const ParallelContext& pc = {}) : pc_(pc), vocab_(vocab) {
     pc.validate();
     local_ = detail::tp_local_size(vocab, pc, "vocab_size");
-    weight = register_parameter("weight", torch::empty({local_, dim}));
-    reset_parameters();
+    weight = register_parameter("weight", torch::empty({local_, dim}, ParameterInit::options()));
+    if (ParameterInit::random()) reset_parameters();
   }
   /// torch::nn::Embedding's initialisation (standard normal).
   void reset_parameters() { torch::nn::init::normal_(weight); }

@@ -28,12 +28,14 @@
 
 #include <unistd.h>
 
+#include "hybridrl/core/device.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/io/json.hpp"
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/config.hpp"
+#include "hybridrl/model/parameter_init.hpp"
 #include "hybridrl/model/safetensors.hpp"
 
 namespace hybridrl {
@@ -47,6 +49,10 @@ struct LoadOptions {
   /// Reject tensors in the checkpoint that the model does not use (except known extras such as a
   /// tied `lm_head.weight` or a critic's `score.*`).
   HYBRIDRL_ARG(bool, strict) = true;
+  /// Bytes the parameters may take on `device`; 0 = what the device has available now (the CPU's
+  /// MemAvailable, the GPU's free memory). A checkpoint whose config implies more is refused
+  /// before any parameter is allocated.
+  HYBRIDRL_ARG(int64_t, max_memory) = 0;
 };
 
 /// How to write a checkpoint.
@@ -297,19 +303,58 @@ inline void check_shapes_before_building(const ModelConfig& c, const PretrainedR
   }
 }
 
+/// Bytes the parameters of `c` with `head` take in `dtype`, from the config alone.
+inline int64_t parameter_bytes(const ModelConfig& c, ModelHead head, at::ScalarType dtype) {
+  int64_t n = 0;
+  for (const auto& p : expected_parameter_shapes(c, head)) {
+    int64_t k = 1;
+    for (auto d : p.shape) k *= d;
+    n += k;
+  }
+  return n * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+/// Refuses to build `c` with `head` when its parameters in `o.dtype()` exceed `o.max_memory()`
+/// (or, at 0, the memory `o.device()` has available now; not checked where that is unknown).
+inline void check_fits_in_memory(const ModelConfig& c, ModelHead head, const LoadOptions& o, const std::string& dir) {
+  const auto need = parameter_bytes(c, head, o.dtype());
+  const auto limit = o.max_memory() > 0 ? std::optional<int64_t>(o.max_memory()) : available_memory(o.device());
+  if (!limit) return;
+  constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+  HYBRIDRL_CHECK(need <= *limit,
+                 fmt::format("'{}': the parameters take {} bytes ({:.2f} GiB) in {} but {} has {} bytes "
+                             "({:.2f} GiB) {}",
+                             dir, need, static_cast<double>(need) / gib, hf_dtype_name(o.dtype()), o.device().str(),
+                             *limit, static_cast<double>(*limit) / gib,
+                             o.max_memory() > 0 ? "allowed (LoadOptions::max_memory)" : "available"),
+                 "load in a smaller dtype (model.dtype=bfloat16), free memory or use a device with more, or "
+                 "shard the model over several devices (Sharding<FSDP>)");
+}
+
+/// Builds `Model` for `c` on the load's device and dtype without drawing parameters (they are all
+/// copied from the checkpoint next), after checking that it fits.
+template <class Model>
+Model build_for_loading(const ModelConfig& c, ModelHead head, const LoadOptions& o, const std::string& dir) {
+  check_fits_in_memory(c, head, o, dir);
+  ParameterInit scope(at::TensorOptions().device(o.device()).dtype(o.dtype()), /*random=*/false);
+  Model m(c);
+  m->to(o.device(), o.dtype());  // the few parameters our layers do not create (a critic's score)
+  return m;
+}
+
 }  // namespace detail
 
 /// Loads a causal LM (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) from a Hugging Face
 /// checkpoint directory. Every tensor shape is checked against config.json before the model is
-/// built. (The model is then built with LibTorch's default CPU fp32 initialisation and converted:
-/// LibTorch 1.13's C++ modules allocate and initialise their parameters in the constructor, with
-/// no meta device or skip-init, so the peak host memory is 4 bytes per parameter.)
+/// built, and the parameters' size against LoadOptions::max_memory (default: what the device has
+/// free). The model is then built on the target device in the target dtype, uninitialised
+/// (ParameterInit), and every parameter copied from the checkpoint: the peak memory is the model
+/// in its final dtype, with no fp32 copy on the host.
 inline CausalLM load_causal_lm(const std::string& dir, const LoadOptions& o = {}) {
   const auto config = load_config(dir);
   PretrainedReader ckpt(dir);
   detail::check_shapes_before_building(config, ckpt, ModelHead::language_model);
-  CausalLM m(config);
-  m->to(o.device(), o.dtype());
+  auto m = detail::build_for_loading<CausalLM>(config, ModelHead::language_model, o, dir);
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight", "score.weight", "score.bias"});
   return m;
 }
@@ -320,8 +365,7 @@ inline ValueModel load_value_model(const std::string& dir, const LoadOptions& o 
   const auto config = load_config(dir);
   PretrainedReader ckpt(dir);
   detail::check_shapes_before_building(config, ckpt, ModelHead::value, {"score.weight", "score.bias"});
-  ValueModel m(config);
-  m->to(o.device(), o.dtype());
+  auto m = detail::build_for_loading<ValueModel>(config, ModelHead::value, o, dir);
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight"}, {"score.weight", "score.bias"});
   return m;
 }
@@ -344,8 +388,7 @@ inline RewardModel load_reward_model(const std::string& dir, const LoadOptions& 
                  "OpenRLHF), or score with a rule (reward.name=task, exact_match, gsm8k, boxed_math)");
   PretrainedReader ckpt(dir);
   detail::check_shapes_before_building(config, ckpt, ModelHead::reward);
-  RewardModel m(config);
-  m->to(o.device(), o.dtype());
+  auto m = detail::build_for_loading<RewardModel>(config, ModelHead::reward, o, dir);
   load_weights(*m, ckpt, o.strict(), {"lm_head.weight"});
   for (auto& p : m->parameters()) p.requires_grad_(false);
   m->eval();

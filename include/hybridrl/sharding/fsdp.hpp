@@ -37,6 +37,7 @@
 #include "hybridrl/sharding/concepts.hpp"
 #include "hybridrl/sharding/fsdp_units.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
+#include "hybridrl/sharding/score_batch.hpp"
 #include "hybridrl/sharding/weight_spec.hpp"
 #include "hybridrl/sharding/weights.hpp"
 
@@ -200,32 +201,9 @@ class BasicFSDPEngine {
   /// the batch has them (a rollout batch: input_ids = prompts then responses), else to `input_ids`
   /// [B, T]. Uses attention_mask, position_ids and cu_seqlens (packed rows) when present.
   TensorBatch forward(const TensorBatch& batch) {
-    HYBRIDRL_CHECK(batch.has(keys::input_ids), "Sharding<FSDP>.forward: the batch has no 'input_ids'",
-                   "pass a rollout batch or an offline batch (the Loader's)");
-    ForwardArgs args;
-    if (batch.has(keys::attention_mask)) args.attention_mask(batch.tensor(keys::attention_mask));
-    if (batch.has(keys::position_ids)) args.position_ids(batch.tensor(keys::position_ids));
-    if (batch.has(keys::cu_seqlens)) args.cu_seqlens(batch.tensor(keys::cu_seqlens));
     if (sh_) detail::fsdp::gather(sh_->units.back(), sh_->groups, options_.param_dtype());  // the root, until step()
     const auto dev = sh_ ? sh_->units.back().slice.device() : model_->parameters().front().device();
-    const auto ids = batch.tensor(keys::input_ids).to(dev);
-    auto to_responses = [&](at::Tensor x) {
-      if (!batch.has(keys::responses) || !x.defined()) return x;
-      const auto R = batch.tensor(keys::responses).size(1), T = x.size(1);
-      return x.narrow(1, T - R, R);
-    };
-    if constexpr (is_critic) {
-      // values[t] = V(tokens before t): the head's output one position back, as log_probs[t] is
-      // the logits one position back (verl: values[:, -R - 1:-1] of a rollout batch)
-      const auto raw = model_->forward(ids, args);
-      const auto shifted = at::cat({at::zeros_like(raw.narrow(1, 0, 1)), raw.narrow(1, 0, raw.size(1) - 1)}, 1);
-      return TensorBatch({{keys::values.str(), to_responses(shifted)}});
-    } else {
-      auto r = token_log_probs(model_, ids, args, log_prob_options_);
-      TensorBatch out({{keys::log_probs.str(), to_responses(r.log_probs)}});
-      if (r.entropy.defined()) out.set(keys::entropy, to_responses(r.entropy));
-      return out;
-    }
+    return detail::score_batch(model_, batch, log_prob_options_, dev, "Sharding<FSDP>");
   }
 
   /// Accumulates the gradients of `loss` (sharded: averaged over the ranks into this rank's
@@ -358,6 +336,7 @@ class BasicFSDPEngine {
   void export_weights(const WeightSpec& spec, const WeightSink& sink) const
     requires(!is_critic)
   {
+    last_export_bytes_ = 0;
     if (!sh_) {
       hybridrl::export_weights(model_->named_parameters(), spec, bucket_bytes_, sink);
       return;
@@ -366,6 +345,7 @@ class BasicFSDPEngine {
     WeightBucketer out(bucket_bytes_, sink);
     for (const auto& u : sh_->units) {
       const auto full = detail::fsdp::gather_flat(u, sh_->groups, u.slice.scalar_type());
+      last_export_bytes_ += (u.padded - u.slice.numel()) * static_cast<int64_t>(u.slice.element_size());
       for (size_t i = 0; i < u.params.size(); ++i) {
         auto t = export_shard(u.names[i], full.narrow(0, u.offsets[i], detail::fsdp::numel_of(u.shapes[i])).view(u.shapes[i]), spec);
         if (t.is_alias_of(full)) t = t.clone();  // never a view that keeps the whole unit alive
@@ -374,6 +354,9 @@ class BasicFSDPEngine {
     }
     (void)out.finish();
   }
+
+  /// Bytes this rank received from the others in the last export_weights (0 on one process).
+  [[nodiscard]] int64_t last_export_bytes() const noexcept { return last_export_bytes_; }
 
   /// Sharded: all-gathers every unit into the model's parameters in the master dtype, so that
   /// model() holds the full trained weights (to save them with save_pretrained); reshard() frees
@@ -406,6 +389,7 @@ class BasicFSDPEngine {
   std::shared_ptr<Communicator> comm_;
   std::unique_ptr<detail::fsdp::State> sh_;  // sharded only; behind a pointer: the layer runner holds its address
   int64_t shard_elements_ = 0, total_elements_ = 0;
+  mutable int64_t last_export_bytes_ = 0;
 };
 /// The policy's engine.
 using FSDPEngine = BasicFSDPEngine<CausalLM>;

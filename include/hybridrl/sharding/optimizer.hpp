@@ -94,12 +94,21 @@ inline double lr_factor(const OptimizerOptions& o, int64_t step, int64_t total_s
 /// synchronisation. A non-finite norm leaves the gradients as they are. With `group`, `params`
 /// are this rank's part of a model sharded over the group (disjoint slices that together tile
 /// it): the norm is the global one, the square sums all-reduced (collective: every rank calls).
+/// `square_weights` (one per parameter, or empty for all 1) scales each parameter's square sum
+/// before the reduction: 1 / group size for a parameter every rank of the group holds whole (a
+/// tensor-parallel model's norms), so it counts once.
 inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
-                                 Communicator* group = nullptr) {
+                                 Communicator* group = nullptr, const std::vector<double>& square_weights = {}) {
   c10::NoGradGuard no_grad;
+  HYBRIDRL_CHECK(square_weights.empty() || square_weights.size() == params.size(),
+                 fmt::format("clip_grad_norm: {} square weights for {} parameters", square_weights.size(), params.size()),
+                 "give one weight per parameter, or none");
   std::vector<at::Tensor> grads;
-  for (const auto& p : params) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+  std::vector<double> weights;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad().defined()) continue;
+    grads.push_back(params[i].grad());
+    weights.push_back(square_weights.empty() ? 1.0 : square_weights[i]);
   }
   const bool global = group != nullptr && group->size() > 1;
   if (grads.empty() && !global) return at::zeros({}, at::kFloat);
@@ -110,7 +119,10 @@ inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double m
   }
   std::vector<at::Tensor> squares;
   squares.reserve(grads.size());
-  for (const auto& g : grads) squares.push_back(g.to(acc).pow(2).sum());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    auto sq = grads[i].to(acc).pow(2).sum();
+    squares.push_back(weights[i] == 1.0 ? sq : sq * weights[i]);
+  }
   auto sq = squares.empty() ? at::zeros({}, params.empty() ? at::TensorOptions(acc) : params.front().options().dtype(acc))
                             : at::stack(squares).sum();
   if (global) {
@@ -162,7 +174,7 @@ class Optimizer {
   Result step() {
     Result r;
     r.lr = options_.lr() * lr_factor(options_, step_, total_steps_);
-    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_);
+    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_, square_weights_);
     r.skipped = !r.grad_norm.isfinite().item<bool>();
     if (!r.skipped) {
       for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
@@ -177,7 +189,15 @@ class Optimizer {
 
   /// The group over which `params` tile the model (a sharded engine's shard group): the gradient
   /// norm, and so clipping and the non-finite skip, are global over it. nullptr: this rank alone.
-  void set_norm_group(Communicator* group) noexcept { norm_group_ = group; }
+  /// `square_weights` as clip_grad_norm takes them (one per parameter; empty: all 1).
+  void set_norm_group(Communicator* group, std::vector<double> square_weights = {}) {
+    HYBRIDRL_CHECK(square_weights.empty() || square_weights.size() == params_.size(),
+                   fmt::format("Optimizer::set_norm_group: {} square weights for {} parameters", square_weights.size(),
+                               params_.size()),
+                   "give one weight per parameter, or none");
+    norm_group_ = group;
+    square_weights_ = std::move(square_weights);
+  }
 
   /// Optimizer steps taken (skipped ones included).
   [[nodiscard]] int64_t steps() const noexcept { return step_; }
@@ -245,6 +265,7 @@ class Optimizer {
   int64_t total_steps_;
   std::unique_ptr<torch::optim::AdamW> adam_;
   Communicator* norm_group_ = nullptr;
+  std::vector<double> square_weights_;
   int64_t step_ = 0, skipped_ = 0;
 };
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/io/json.hpp"
 #include "hybridrl/tokenizer/chat.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 
@@ -326,15 +327,9 @@ class HFTokenizer {
     HYBRIDRL_CHECK(fs::is_regular_file(file_, ec),
                    dir ? fmt::format("'{}' has no tokenizer.json", path) : fmt::format("'{}' does not exist", file_),
                    "pass a tokenizer.json or the checkpoint directory that holds one");
-    nlohmann::json j;
-    {
-      std::ifstream in(file_);
-      try {
-        j = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("'{}' is not valid JSON ({})", file_, e.what()), "re-download tokenizer.json");
-      }
-    }
+    // tokenizer.json nests 5 levels (normalizer sequences); the cap stops a stack overflow in the
+    // recursive copies and destructors of a hostile file
+    nlohmann::json j = io::read_json_file(file_, "tokenizer", "re-download tokenizer.json", size_t{1} << 30);
     HYBRIDRL_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
                    fmt::format("'{}' has no \"model\" object", file_), "pass a tokenizer.json of the tokenizers library");
     load_model(j["model"]);
@@ -723,13 +718,8 @@ class HFTokenizer {
     };
     std::error_code ec;
     if (std::filesystem::is_regular_file(tokenizer_config, ec)) {
-      nlohmann::json c;
-      try {
-        std::ifstream in(tokenizer_config);
-        c = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("'{}' is not valid JSON ({})", tokenizer_config.string(), e.what()), "fix or re-download it");
-      }
+      nlohmann::json c = io::read_json_file(tokenizer_config.string(), "tokenizer config", "fix or re-download it",
+                                            size_t{64} << 20);
       if (c.contains("bos_token")) bos_ = id_of(c["bos_token"], "bos_token");
       if (c.contains("eos_token")) eos_ = id_of(c["eos_token"], "eos_token");
       if (c.contains("pad_token")) pad_ = id_of(c["pad_token"], "pad_token");
@@ -739,9 +729,9 @@ class HFTokenizer {
     }
     if (eos_ >= 0) stop_ = {eos_};
     if (std::filesystem::is_regular_file(generation_config, ec)) {
+      const auto g = io::read_json_file(generation_config.string(), "generation config", "fix or re-download it",
+                                        size_t{1} << 20);
       try {
-        std::ifstream in(generation_config);
-        const auto g = nlohmann::json::parse(in);
         if (g.contains("eos_token_id")) {
           const auto& e = g["eos_token_id"];
           stop_.clear();
@@ -749,10 +739,16 @@ class HFTokenizer {
             for (const auto& x : e) stop_.push_back(x.get<int64_t>());
           } else if (e.is_number_integer()) {
             stop_.push_back(e.get<int64_t>());
+          } else if (!e.is_null()) {  // a string or an object: never a silently empty stop list
+            throw Error(fmt::format("'{}': eos_token_id is not an integer or a list of integers (it is a {})",
+                                    generation_config.string(), e.type_name()),
+                        "fix or re-download it");
           }
         }
       } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("'{}' is not valid JSON ({})", generation_config.string(), e.what()), "fix or re-download it");
+        throw Error(fmt::format("'{}': eos_token_id is not an integer or a list of integers ({})",
+                                generation_config.string(), e.what()),
+                    "fix or re-download it");
       }
     }
   }

@@ -27,6 +27,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/io/json.hpp"
 #include "hybridrl/model/safetensors.hpp"
 
 namespace hybridrl {
@@ -142,9 +143,11 @@ class CheckpointManager {
                      fmt::format("checkpoint '{}' has no {}", path, f),
                      "resume from a complete checkpoint directory (checkpoints/step_…), or set trainer.resume=never");
     }
-    std::ifstream in(fs::path(path) / "trainer_state.json");
+    const auto state_file = (fs::path(path) / "trainer_state.json").string();
+    d.meta = io::read_json_file(state_file, "trainer state",
+                                "resume from another checkpoint (the file was not written by hybridrl or is damaged)",
+                                size_t{64} << 20);
     try {
-      d.meta = nlohmann::json::parse(in);
       d.step = d.meta.at("step").get<int64_t>();
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("checkpoint '{}': trainer_state.json is not valid ({})", path, e.what()),

@@ -45,6 +45,7 @@
 #include "hybridrl/core/config.hpp"
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/io/json.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/pretrained.hpp"
 #include "hybridrl/distributed/c10d_communicator.hpp"
@@ -518,12 +519,7 @@ inline RunSources read_run_sources(const std::string& config_file, const std::ve
                    "pass --config with a YAML or JSON file that exists");
     const auto ext = std::filesystem::path(config_file).extension().string();
     if (ext == ".json") {
-      std::ifstream in(config_file);
-      try {
-        s.sources.file = nlohmann::json::parse(in);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(fmt::format("'{}' is not valid JSON ({})", config_file, e.what()), "fix the file's syntax");
-      }
+      s.sources.file = io::read_json_file(config_file, "configuration", "fix the file's syntax", size_t{64} << 20);
     } else {
 #if HYBRIDRL_WITH_YAML
       s.sources.file = read_yaml_file(config_file);

@@ -39,6 +39,7 @@
 #include "hybridrl/core/policy.hpp"
 #include "hybridrl/data/loader.hpp"
 #include "hybridrl/data/rollout_batch.hpp"
+#include "hybridrl/distributed/batch_collectives.hpp"
 #include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/model/causal_lm.hpp"
@@ -192,6 +193,13 @@ concept makes_training_engine = requires(CausalLM m, const O& o, const Optimizer
   S::make(m, o, opt, int64_t{1}, int64_t{1});
 };
 
+/// Sharding descriptors whose engine builds the frozen reference in its own layout
+/// (`engine.make_reference()`: Sharding<TP3D>'s, a tensor-parallel shard like the policy).
+template <class S>
+concept engine_makes_reference = requires { typename S::engine_type; } && requires(const typename S::engine_type& e) {
+  { e.make_reference() } -> std::same_as<CausalLM>;
+};
+
 /// The engine type of a Rollout policy (int for NoRollout: an offline trainer has none).
 template <class R>
 struct rollout_engine_of {
@@ -310,8 +318,8 @@ class Trainer {
     }
 
     /// The geometry as the run uses it, with the values other keys own copied in: prompts per
-    /// step (data.train_batch_size), samples per prompt (rollout.n; 1 offline) and the rollout's
-    /// tensor-parallel size.
+    /// step (data.train_batch_size), samples per prompt (rollout.n; 1 offline), the rollout's
+    /// tensor-parallel size and the training's model-parallel size (Sharding<TP3D>).
     [[nodiscard]] BatchGeometry effective_geometry() const {
       BatchGeometry g = geometry_;
       g.train_batch_size(data_.train_batch_size());
@@ -319,6 +327,9 @@ class Trainer {
       if constexpr (has_rollout && detail::has_samples_per_prompt<rollout_options>) g.rollout_n(rollout_.n());
       if constexpr (has_rollout && detail::has_tensor_parallel_size<rollout_options>) {
         g.rollout_tensor_parallel_size(rollout_.tensor_parallel_size());
+      }
+      if constexpr (requires { sharding_.tensor_parallel_size(); sharding_.pipeline_parallel_size(); }) {
+        g.model_parallel_size(sharding_.tensor_parallel_size() * sharding_.pipeline_parallel_size());
       }
       return g;
     }
@@ -364,6 +375,14 @@ class Trainer {
       if constexpr (has_rollout) detail::validate_member(rollout_, "rollout");
       detail::validate_member(loader_, "loader");
       const BatchGeometry g = effective_geometry();
+      // the mesh first: a tensor-parallel size that does not tile the world breaks the geometry too
+      if constexpr (detail::checks_world<sharding_options>) {
+        try {
+          sharding_.check_world(g.world_size());
+        } catch (const Error& e) {
+          throw Error("sharding." + e.problem(), e.fix());
+        }
+      }
       try {
         detail::validate_member(g, "geometry");
       } catch (const Error& e) {  // two of the geometry's counts have other keys in a Trainer
@@ -388,13 +407,6 @@ class Trainer {
                                    loader_.max_tokens_per_batch(), data_.train_batch_size()),
                        "set loader.max_tokens_per_batch = 0 (token budgets apply to offline "
                        "batches; the update's micro-batches are set by the geometry)");
-      }
-      if constexpr (detail::checks_world<sharding_options>) {
-        try {
-          sharding_.check_world(g.world_size());
-        } catch (const Error& e) {
-          throw Error("sharding." + e.problem(), e.fix());
-        }
       }
     }
   };
@@ -584,7 +596,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
   // the reference before the policy changes (a resumed run gets the same one)
   std::optional<CausalLM> reference = std::move(parts.reference);
-  if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = make_reference(policy);
+  constexpr bool engine_reference = detail::engine_makes_reference<sharding_type>;
+  if (!reference && !engine_reference && algorithm_type::uses_reference(o.algorithm())) {
+    reference = make_reference(policy);
+  }
   if constexpr (requires { o.sharding().param_dtype(); }) {
     // the reference computes at the policy's precision (mixed precision: under the same autocast),
     // so both agree while the policy has not moved
@@ -610,7 +625,28 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
     return sharding_type::make(policy, o.sharding(), o.optim(), optimizer_steps, g.world_size());
   };
+  // the critic's model from the policy's trunk, before a sharded engine empties the policy
+  std::optional<ValueModel> critic_model;
+  if constexpr (has_critic) {
+    critic_model = parts.critic ? *parts.critic : detail::seeded_value_model(policy, derive_seed(t.seed(), "critic"));
+    parts.critic.reset();
+    (*critic_model)->to(device);
+  }
   auto engine = make_engine();
+  if constexpr (engine_reference) {  // sharded like the policy, before its first step
+    if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = engine.make_reference();
+  }
+  // the ranks that see different data: the engine's data-parallel group under Sharding<TP3D>
+  // (the ranks of one tensor-parallel group share every batch), the whole group otherwise
+  std::shared_ptr<Communicator> dp_comm = comm, tp_comm;
+  if constexpr (requires { engine.data_parallel_group(); engine.tensor_parallel_group(); }) {
+    if (world > 1) {
+      dp_comm = engine.data_parallel_group();
+      tp_comm = engine.tensor_parallel_group();
+    }
+  }
+  const int64_t dp = dp_comm ? dp_comm->size() : 1, dp_rank = dp_comm ? dp_comm->rank() : 0;
+  const bool shared_batches = tp_comm && tp_comm->size() > 1;
   // the critic (PPO): its own engine and optimizer; from the policy's trunk unless one is given
   using CriticEngine = typename detail::critic_engine_of<sharding_type, has_critic>::type;
   std::optional<CriticEngine> critic;
@@ -619,10 +655,8 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
                   "hybridrl: this Algorithm trains a critic (needs_critic = true), but its Sharding policy has no "
                   "make_critic(ValueModel, options, optim, total_steps, world_size). Use Sharding<FSDP>, or give "
                   "your Sharding policy a make_critic and a critic_engine_type.");
-    ValueModel value_model =
-        parts.critic ? *parts.critic : detail::seeded_value_model(policy, derive_seed(t.seed(), "critic"));
-    parts.critic.reset();
-    value_model->to(device);
+    ValueModel value_model = std::move(*critic_model);
+    critic_model.reset();
     if constexpr (requires { sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps, comm); }) {
       if (world > 1) {
         critic.emplace(sharding_type::make_critic(value_model, o.sharding(), o.critic().optim(), optimizer_steps, comm));
@@ -720,17 +754,20 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       // generate: n samples per prompt, noise from (run seed, step, group, sample)
       const auto g0 = clock::now();
       auto prompts = repeat_for_rollout(*got, g.rollout_n());  // group ids of the whole batch
-      if (world > 1) {  // this rank's prompts, whole groups (their advantages are computed here)
-        HYBRIDRL_CHECK(got->size() % world == 0,
-                       fmt::format("step {}: {} prompts do not split over {} ranks", step, got->size(), world),
+      if (dp > 1) {  // this rank's prompts, whole groups (their advantages are computed here)
+        HYBRIDRL_CHECK(got->size() % dp == 0,
+                       fmt::format("step {}: {} prompts do not split over {} data-parallel ranks", step, got->size(), dp),
                        "make data.train_batch_size a multiple of the number of ranks (and loader.drop_last=true)");
-        const auto share = prompts.size() / world;
-        prompts = prompts.slice(rank * share, (rank + 1) * share);
+        const auto share = prompts.size() / dp;
+        prompts = prompts.slice(dp_rank * share, (dp_rank + 1) * share);
       }
       auto sampling = o.rollout().sampling();
       sampling.seed(request_seed(sampling.seed(), step));
       if (released) rollout->resume_memory();
       batch = rollout->generate(prompts, sampling).to(device);
+      // a tensor-parallel group trains on one batch: its first rank's (each rank generated the same
+      // prompts with the same seeds; the broadcast makes them bit-identical whatever the kernels did)
+      if (shared_batches) batch = broadcast(batch, *tp_comm, 0).to(device);
       const auto rs = rollout->stats();
       if constexpr (requires { o.rollout().free_cache_engine(); }) {
         if (o.rollout().free_cache_engine()) {
@@ -745,9 +782,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       const auto scores = detail::score_rollout(batch, reward, parts.decode);
       const auto finite = at::isfinite(scores);
       int64_t bad = (~finite).sum().template item<int64_t>();
-      if (world > 1) {  // every rank skips the step when any rank has a bad reward
+      if (dp > 1) {  // every rank skips the step when any rank has a bad reward
         auto b = at::scalar_tensor(static_cast<double>(bad), at::kDouble).reshape({1});
-        comm->all_reduce(b, ReduceOp::sum);
+        dp_comm->all_reduce(b, ReduceOp::sum);
         bad = static_cast<int64_t>(b.item<double>());
       }
       const auto ok = scores.masked_select(finite).to(at::kDouble);
@@ -759,7 +796,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         if (progress != nullptr) {
           std::fprintf(progress, "step %lld: %lld of %lld rewards are NaN or infinite; the step is not trained on\n",
                        static_cast<long long>(step), static_cast<long long>(bad),
-                       static_cast<long long>(scores.numel() * world));
+                       static_cast<long long>(scores.numel() * dp));
         }
       }
       batch.set(keys::scores, scores);
@@ -769,13 +806,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
     } else {
       batch = got->to(device);
-      if (world > 1) {  // this rank's rows: as even a split as the batch allows
-        HYBRIDRL_CHECK(batch.size() >= world,
-                       fmt::format("step {}: a batch of {} rows cannot feed {} ranks", step, batch.size(), world),
+      if (dp > 1) {  // this rank's rows: as even a split as the batch allows
+        HYBRIDRL_CHECK(batch.size() >= dp,
+                       fmt::format("step {}: a batch of {} rows cannot feed {} data-parallel ranks", step, batch.size(), dp),
                        "raise data.train_batch_size (or loader.max_tokens_per_batch) to at least one row per rank");
-        const auto base = batch.size() / world, extra = batch.size() % world;
-        const auto first = rank * base + std::min(rank, extra);
-        batch = batch.slice(first, first + base + (rank < extra ? 1 : 0));
+        const auto base = batch.size() / dp, extra = batch.size() % dp;
+        const auto first = dp_rank * base + std::min(dp_rank, extra);
+        batch = batch.slice(first, first + base + (dp_rank < extra ? 1 : 0));
       }
     }
     // the reference's scores of the whole batch, once per step
@@ -864,10 +901,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
                                    ? mini.tensor("response_mask").sum().template item<int64_t>()
                                    : 0;
         counts.data_parallel_size = g.data_parallel_size();
-        if (world > 1) {  // the mini-batch's sequences and tokens over all ranks
+        if (dp > 1) {  // the mini-batch's sequences and tokens over all data-parallel ranks
           auto c = at::tensor(std::vector<double>{static_cast<double>(counts.global_sequences),
                                                   static_cast<double>(counts.global_tokens)}, at::kDouble);
-          comm->all_reduce(c, ReduceOp::sum);
+          dp_comm->all_reduce(c, ReduceOp::sum);
           counts.global_sequences = static_cast<int64_t>(c[0].item<double>());
           counts.global_tokens = static_cast<int64_t>(c[1].item<double>());
         }
@@ -883,7 +920,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           }
           critic_grad_sum += critic->step().template item<double>();
           critic_lr = critic->last_step().lr;
-          for (const auto& [name, v] : agg.result(comm.get())) critic_sums[name] += v;
+          for (const auto& [name, v] : agg.result(dp_comm.get())) critic_sums[name] += v;
           ++critic_updates;
         }
         if (!update_policy) continue;
@@ -896,7 +933,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           for (auto& [k, x] : v) mini.set(k, at::cat(x).to(at::kFloat));
         }
         mini.require(prepares, "the algorithm's prepare_mini_batch");
-        algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, comm.get());
+        algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, dp_comm.get());
         at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         MetricAggregator agg;
         for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
@@ -912,17 +949,20 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         lr = last.lr;
         skipped += last.skipped ? 1 : 0;
         loss_sum += mini_loss.template item<double>();
-        for (const auto& [name, v] : agg.result(comm.get())) sums[name] += v;
+        for (const auto& [name, v] : agg.result(dp_comm.get())) sums[name] += v;
         grad_sum += norm.template item<double>();
         ++updates;
       }
     }
-    if (train) algorithm_type::after_step(batch, o.algorithm(), state, comm.get());
+    if (train) algorithm_type::after_step(batch, o.algorithm(), state, dp_comm.get());
     const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
     if constexpr (has_rollout) {  // the new weights to the rollout engine
       const auto s0 = clock::now();
       if (train && update_policy) sync_weights();  // a critic warm-up step left the policy as it was
       m["time/weight_sync"] = std::chrono::duration<double>(clock::now() - s0).count();
+      if constexpr (requires { engine.last_export_bytes(); }) {  // received from the other ranks (sharded)
+        m["weight_sync/bytes"] = train && update_policy ? static_cast<double>(engine.last_export_bytes()) : 0.0;
+      }
     }
     const double t_step = std::chrono::duration<double>(clock::now() - t0).count();
     if (updates > 0) {
@@ -956,7 +996,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
     // over the ranks: the loss hooks' metrics came reduced by their own rule (MetricAggregator); the
     // rest is the mean, times and memory the largest, tokens_per_s the sum
-    if (world > 1) detail::reduce_metrics(m, *comm);
+    if (dp > 1) detail::reduce_metrics(m, *dp_comm);  // a tensor-parallel group's ranks agree already
     log.log(step, m);
     result.last_metrics = std::move(m);
     if (t.save_every() > 0 && step % t.save_every() == 0 && step < total) save();
