@@ -116,6 +116,23 @@ TEST_SUITE("distributed/batch_collectives") {
     }
   }
 
+  TEST_CASE("a NaN in a column on one rank makes every rank throw (JSON would deliver null)") {
+    for (const auto& backend : hybridrl::testing::backends()) {
+      CAPTURE(backend);
+      auto errors = errors_of(backend, 2, [](Communicator& comm) {
+        auto b = rank_batch(comm.rank());
+        if (comm.rank() == 1) {
+          Column scores(2, 1.5);  // rank 1 holds 2 rows
+          scores[1] = nlohmann::json::array({1.0, std::nan("")});  // nested, too
+          b.set_column("id", scores);
+        }
+        (void)hybridrl::all_gather(b, comm);
+      });
+      for (const auto& e : errors) CHECK(e.find("all_gather: the non-tensor columns of rank(s) 1 cannot be serialized") == 0);
+      CHECK(errors[1].find("column 'id' row 1 holds a NaN or infinite number") != std::string::npos);
+    }
+  }
+
   TEST_CASE("the same number of columns under different names is a clear error on every rank") {
     for (const auto& backend : hybridrl::testing::backends()) {
       CAPTURE(backend);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -41,8 +42,32 @@ inline nlohmann::json describe_for_gather(const TensorBatch& b) {
   return {{"size", b.size()}, {"schema", schema}, {"columns", columns}};
 }
 
+/// The first non-finite number (NaN or inf) in `b`'s columns, as "column 'k' row i", or "" when
+/// there is none. JSON has no NaN: nlohmann would send it as null, silently. Walks each value with
+/// an explicit stack (no recursion).
+inline std::string first_non_finite(const TensorBatch& b) {
+  for (const auto& [k, c] : b.columns()) {
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::vector<const nlohmann::json*> todo{&c[i]};
+      while (!todo.empty()) {
+        const auto* v = todo.back();
+        todo.pop_back();
+        if (v->is_number_float() && !std::isfinite(v->get<double>())) return fmt::format("column '{}' row {}", k, i);
+        if (v->is_structured()) {
+          for (const auto& x : *v) todo.push_back(&x);
+        }
+      }
+    }
+  }
+  return {};
+}
+
 /// Serializes the description; on failure returns nullopt and the reason in `error`.
 inline std::optional<std::string> serialize_for_gather(const TensorBatch& b, std::string& error) {
+  if (const auto where = first_non_finite(b); !where.empty()) {
+    error = where + " holds a NaN or infinite number, which JSON cannot carry (it would arrive as null)";
+    return std::nullopt;
+  }
   try {
     return describe_for_gather(b).dump();
   } catch (const nlohmann::json::exception& e) {
@@ -72,7 +97,8 @@ inline std::vector<int64_t> exchange_lengths(Communicator& comm, const std::opti
                  fmt::format("{}: the non-tensor columns of rank(s) {} cannot be serialized{}", what,
                              fmt::join(failed, ", "), mine ? "" : " (here: " + error + ")"),
                  "keep column strings valid UTF-8 (decode tokens with replacement characters) and "
-                 "column values JSON-representable; every rank threw this error");
+                 "column values JSON-representable (finite numbers; NaN and inf belong in a tensor); "
+                 "every rank threw this error");
   return lens;
 }
 
