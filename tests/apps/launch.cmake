@@ -7,6 +7,8 @@
 # 2. The 2-rank checkpoint resumes on one process.
 # 3. A rank whose peer never starts stops within distributed.store_timeout_s with the error that
 #    names the address; a geometry the ranks cannot split is refused before any model loads.
+# 4. A peer killed mid-run (SIGKILL after 15 s of a long run): the other rank stops with an Error
+#    naming the collective, well within distributed.timeout_s, not a hang.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run_cli rc_var err_var)
@@ -71,3 +73,33 @@ run_cli(rc err launch --nproc-per-node 3 -- train ${args} data.train_batch_size=
 if(rc EQUAL 0 OR NOT err MATCHES "world_size 3")
   message(FATAL_ERROR "a batch that does not split over 3 ranks was not refused (${rc}): ${err}")
 endif()
+
+# 4. a peer that dies mid-run: rank 1 is killed after 15 s; rank 0 must end with the Error quickly.
+# Both run at once (execute_process runs its COMMANDs concurrently; coreutils env execs, so the
+# kill reaches hybridrl itself); rank 1 first, so rank 0's
+# output is not a pipe into a dead process.
+string(RANDOM LENGTH 4 ALPHABET 123456789 r)
+math(EXPR port "20000 + ${r} % 20000")
+set(env_common WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=${port})
+string(TIMESTAMP t0 "%s")
+execute_process(
+  COMMAND timeout -s KILL 15 env RANK=1 LOCAL_RANK=1 ${env_common}
+    ${EXE} train ${args} trainer.output_dir=${WORK}/dead trainer.total_steps=100000 loader.epochs=0 trainer.save_every=0
+    distributed.timeout_s=100 distributed.store_timeout_s=60
+  COMMAND ${CMAKE_COMMAND} -E env RANK=0 LOCAL_RANK=0 ${env_common}
+    ${EXE} train ${args} trainer.output_dir=${WORK}/dead trainer.total_steps=100000 loader.epochs=0 trainer.save_every=0
+    distributed.timeout_s=100 distributed.store_timeout_s=60
+  RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 200)
+string(TIMESTAMP t1 "%s")
+math(EXPR took "${t1} - ${t0}")
+list(GET rcs 1 rc0)
+if(NOT rc0 EQUAL 1 OR NOT err MATCHES "over gloo failed" OR NOT err MATCHES "step [0-9]+/100000")
+  message(FATAL_ERROR "a peer killed mid-run: expected rank 0 to exit 1 with the collective's Error after some "
+    "steps (results ${rcs}, ${took} s): ${err}")
+endif()
+if(took GREATER 90)
+  message(FATAL_ERROR "a peer killed mid-run: rank 0 took ${took} s to stop (timeout_s is 100)")
+endif()
+string(REGEX MATCH "[^\n]*over gloo failed[^\n]*" said "${err}")
+message(STATUS "a peer killed mid-run: rank 0 stopped ${took} s after the start (rank 1 killed at 15 s): ${said}")
+
