@@ -66,6 +66,35 @@ TEST_SUITE("rollout/naive") {
     }
   }
 
+  TEST_CASE("pad_rollout_batch: rows padded to a longer prompt equal the same rows generated beside it") {
+    auto m = load_causal_lm(kRolloutModels + "/llama");
+    NaiveEngine engine(m, NaiveOptions{});
+    const auto s = SamplingOptions{}.temperature(0.8).max_new_tokens(5).ignore_eos(true).seed(11);
+    const std::vector<std::vector<int64_t>> two{{1, 9, 8}, {1, 300, 2, 44}};
+    auto alone = engine.generate(prompt_batch(two), s);
+    auto three = two;
+    three.push_back({1, 5, 6, 7, 8, 9, 10, 11});  // the longest prompt: 8 tokens
+    auto beside = engine.generate(prompt_batch(three), s).slice(0, 2);
+    const auto P = beside.tensor(keys::prompts).size(1), R = beside.tensor(keys::responses).size(1);
+    REQUIRE(P == 8);
+    REQUIRE(alone.tensor(keys::prompts).size(1) == 4);
+    const auto padded = pad_rollout_batch(alone, P, R, m->config().pad_token_id.value_or(0));
+    for (const auto& k : {keys::prompts, keys::responses, keys::response_mask, keys::input_ids, keys::attention_mask,
+                          keys::position_ids, keys::finish_reason, keys::group_ids}) {
+      const std::string key(k.name);
+      CAPTURE(key);
+      CHECK(at::equal(padded.tensor(k), beside.tensor(k)));
+    }
+    CHECK(at::allclose(padded.tensor(keys::rollout_log_probs), beside.tensor(keys::rollout_log_probs), 0, 1e-5));
+    // longer responses: right padding, masks and log-probs 0
+    const auto wider = pad_rollout_batch(alone, 4, R + 3, 0);
+    CHECK(wider.tensor(keys::responses).size(1) == R + 3);
+    CHECK(wider.tensor(keys::response_mask).narrow(1, R, 3).sum().item<int64_t>() == 0);
+    CHECK(wider.tensor(keys::rollout_log_probs).narrow(1, R, 3).abs().sum().item<double>() == 0.0);
+    CHECK(at::equal(wider.tensor(keys::input_ids).narrow(1, 0, 4 + R), alone.tensor(keys::input_ids)));
+    CHECK(contains(error_of([&] { (void)pad_rollout_batch(alone, 3, R, 0); }), "more than P = 3"));
+  }
+
   TEST_CASE("returned log-probs equal the model's log-probs of the chosen tokens (fp32, <= 1e-5)") {
     auto m = load_causal_lm(kRolloutModels + "/llama");
     NaiveEngine engine(m, NaiveOptions{});

@@ -258,6 +258,45 @@ inline TensorBatch rollout_batch(const TensorBatch& source, const std::vector<Ge
   return out;
 }
 
+/// `batch` (a rollout_batch) with its prompts left-padded to `P` and its responses right-padded to
+/// `R` tokens (`pad_id`; masks and rollout log-probs 0), input_ids, attention_mask and position_ids
+/// rebuilt: what rollout_batch makes of the same rows among longer ones. Rollout batches of
+/// several generation ranks padded to their common (P, R) concatenate (all_gather).
+inline TensorBatch pad_rollout_batch(const TensorBatch& batch, int64_t P, int64_t R, int64_t pad_id) {
+  batch.require({keys::prompts, keys::responses, keys::response_mask, keys::attention_mask}, "pad_rollout_batch");
+  const auto prompts = batch.tensor(keys::prompts), responses = batch.tensor(keys::responses);
+  const auto p0 = prompts.size(1), r0 = responses.size(1);
+  HYBRIDRL_CHECK(P >= p0 && R >= r0,
+                 fmt::format("pad_rollout_batch: the batch has prompts of {} and responses of {} tokens, more than "
+                             "P = {}, R = {}", p0, r0, P, R),
+                 "pad to at least the batch's own lengths (the maximum over the ranks)");
+  if (P == p0 && R == r0) return batch;
+  auto left = [&](const at::Tensor& t, double v) { return at::constant_pad_nd(t, {P - p0, 0}, v); };
+  auto right = [&](const at::Tensor& t, double v) { return at::constant_pad_nd(t, {0, R - r0}, v); };
+  const auto pmask = left(batch.tensor(keys::attention_mask).narrow(1, 0, p0), 0);
+  const auto rmask = right(batch.tensor(keys::response_mask), 0);
+  const auto new_prompts = left(prompts, static_cast<double>(pad_id));
+  const auto new_responses = right(responses, static_cast<double>(pad_id));
+  const auto mask = at::cat({pmask, rmask}, 1);
+  TensorBatch out = batch;
+  for (const auto& k : {keys::prompts, keys::responses, keys::response_mask, keys::input_ids, keys::attention_mask,
+                        keys::position_ids}) {
+    if (out.has(k)) out.erase(k);
+  }
+  if (out.has(keys::rollout_log_probs)) {
+    const auto lp = right(batch.tensor(keys::rollout_log_probs), 0);
+    out.erase(keys::rollout_log_probs);
+    out.set(keys::rollout_log_probs, lp);
+  }
+  out.set(keys::prompts, new_prompts)
+      .set(keys::responses, new_responses)
+      .set(keys::response_mask, rmask)
+      .set(keys::input_ids, at::cat({new_prompts, new_responses}, 1))
+      .set(keys::attention_mask, mask)
+      .set(keys::position_ids, (mask.cumsum(1) - 1).clamp_min(0));
+  return out;
+}
+
 /// A randomly initialised model for `c` on `device` in `dtype`, without gradients: what an engine
 /// made from a config generates with once load_weights has filled it.
 inline CausalLM inference_model(const ModelConfig& c, at::Device device, at::ScalarType dtype) {

@@ -44,6 +44,7 @@
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/pretrained.hpp"
+#include "hybridrl/rollout/generation.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
 #include "hybridrl/trainer/checkpoint.hpp"
 #include "hybridrl/trainer/options.hpp"
@@ -754,21 +755,37 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       // generate: n samples per prompt, noise from (run seed, step, group, sample)
       const auto g0 = clock::now();
       auto prompts = repeat_for_rollout(*got, g.rollout_n());  // group ids of the whole batch
-      if (dp > 1) {  // this rank's prompts, whole groups (their advantages are computed here)
-        HYBRIDRL_CHECK(got->size() % dp == 0,
-                       fmt::format("step {}: {} prompts do not split over {} data-parallel ranks", step, got->size(), dp),
+      // this rank's prompts, whole groups (their advantages are computed here). A tensor-parallel
+      // group trains on one share but generates it split over its ranks (each a TP = 1 engine with
+      // the full weights): generation shares go by world rank, training shares by data rank, and
+      // with the tensor axis innermost a group's generation shares tile its training share.
+      const int64_t gen_parts = shared_batches ? world : dp, gen_index = shared_batches ? rank : dp_rank;
+      if (gen_parts > 1) {
+        HYBRIDRL_CHECK(got->size() % gen_parts == 0,
+                       fmt::format("step {}: {} prompts do not split over {} generating ranks", step, got->size(),
+                                   gen_parts),
                        "make data.train_batch_size a multiple of the number of ranks (and loader.drop_last=true)");
-        const auto share = prompts.size() / dp;
-        prompts = prompts.slice(dp_rank * share, (dp_rank + 1) * share);
+        const auto share = prompts.size() / gen_parts;
+        prompts = prompts.slice(gen_index * share, (gen_index + 1) * share);
       }
       auto sampling = o.rollout().sampling();
       sampling.seed(request_seed(sampling.seed(), step));
       if (released) rollout->resume_memory();
       batch = rollout->generate(prompts, sampling).to(device);
-      // a tensor-parallel group trains on one batch: its first rank's (each rank generated the same
-      // prompts with the same seeds; the broadcast makes them bit-identical whatever the kernels did)
-      if (shared_batches) batch = broadcast(batch, *tp_comm, 0).to(device);
       const auto rs = rollout->stats();
+      step_tokens = rs.prompt_tokens + rs.generated_tokens;
+      if (shared_batches) {  // the group's shares, padded to their longest prompt and response, in rank order
+        auto lens = at::tensor(std::vector<int64_t>{batch.tensor(keys::prompts).size(1),
+                                                     batch.tensor(keys::responses).size(1), step_tokens},
+                               at::kLong);
+        auto longest = lens.narrow(0, 0, 2).clone(), tokens = lens.narrow(0, 2, 1).clone();
+        tp_comm->all_reduce(longest, ReduceOp::max);
+        tp_comm->all_reduce(tokens, ReduceOp::sum);
+        step_tokens = tokens.item<int64_t>();
+        batch = pad_rollout_batch(batch, longest[0].item<int64_t>(), longest[1].item<int64_t>(),
+                                  policy->config().pad_token_id.value_or(0));
+        batch = all_gather(batch, *tp_comm).to(device);
+      }
       if constexpr (requires { o.rollout().free_cache_engine(); }) {
         if (o.rollout().free_cache_engine()) {
           rollout->release_memory();  // the KV pool's memory goes to the scoring and update phases
@@ -776,7 +793,6 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         }
       }
       m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
-      step_tokens = rs.prompt_tokens + rs.generated_tokens;
       // reward
       const auto w0 = clock::now();
       const auto scores = detail::score_rollout(batch, reward, parts.decode);
