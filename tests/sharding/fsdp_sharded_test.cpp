@@ -24,8 +24,6 @@
 using namespace hybridrl;
 using hybridrl::testing::contains;
 using hybridrl::testing::error_of;
-
-
 using namespace hybridrl::testing;
 
 TEST_SUITE("sharding/fsdp_sharded") {

@@ -25,8 +25,6 @@
 using namespace hybridrl;
 using hybridrl::testing::contains;
 using hybridrl::testing::error_of;
-
-
 using namespace hybridrl::testing;
 
 TEST_SUITE("sharding/tp3d") {

@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -150,6 +151,25 @@ struct JSONLimitExceeded {
   auto parsed = parse_json(read_text_file(path, what, max_bytes), limits);
   HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("'{}' is not valid JSON ({})", path, parsed.error), fix);
   return std::move(parsed.value);
+}
+
+/// A token id field that may be one id or a list of them (`eos_token_id`); absent or null: none.
+inline std::vector<int64_t> json_id_list(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return {};
+  const auto& v = j[key];
+  auto one = [&](const nlohmann::json& x) {
+    HYBRIDRL_CHECK(x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
+                   fmt::format("{} = {} is not a token id or a list of them", key, io::brief(v)),
+                   "write a whole number, or a list of whole numbers");
+    return x.get<int64_t>();
+  };
+  std::vector<int64_t> out;
+  if (v.is_array()) {
+    for (const auto& x : v) out.push_back(one(x));
+  } else {
+    out.push_back(one(v));
+  }
+  return out;
 }
 
 }  // namespace hybridrl::io

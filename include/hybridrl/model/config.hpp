@@ -194,24 +194,6 @@ inline int64_t json_int(const nlohmann::json& j, const char* key) {
   return json_or<int64_t>(j, key, 0);
 }
 
-/// A token id field that may be one id or a list of them (`eos_token_id`); absent or null: none.
-inline std::vector<int64_t> json_id_list(const nlohmann::json& j, const char* key) {
-  if (!j.contains(key) || j[key].is_null()) return {};
-  const auto& v = j[key];
-  auto one = [&](const nlohmann::json& x) {
-    HYBRIDRL_CHECK(x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
-                   fmt::format("{} = {} is not a token id or a list of them", key, io::brief(v)),
-                   "write a whole number, or a list of whole numbers");
-    return x.get<int64_t>();
-  };
-  std::vector<int64_t> out;
-  if (v.is_array()) {
-    for (const auto& x : v) out.push_back(one(x));
-  } else {
-    out.push_back(one(v));
-  }
-  return out;
-}
 
 }  // namespace detail
 
@@ -281,7 +263,7 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
     }
     c.bos_token_id = id("bos_token_id");
     c.eos_token_id = id("eos_token_id");
-    c.eos_token_ids = detail::json_id_list(j, "eos_token_id");
+    c.eos_token_ids = io::json_id_list(j, "eos_token_id");
     if (!c.eos_token_id && !c.eos_token_ids.empty()) c.eos_token_id = c.eos_token_ids.front();
     c.pad_token_id = id("pad_token_id");
     c.dtype = detail::json_or<std::string>(j, "dtype", detail::json_or<std::string>(j, "torch_dtype", "float32"));
@@ -333,7 +315,7 @@ inline ModelConfig load_config(const std::string& path) {
                    fmt::format("'{}' is not a JSON object ({})", gen.string(), g ? "another JSON value" : g.error),
                    "repair or re-save generation_config.json, or remove it");
     try {
-      if (g.value.contains("eos_token_id")) c.eos_token_ids = detail::json_id_list(g.value, "eos_token_id");
+      if (g.value.contains("eos_token_id")) c.eos_token_ids = io::json_id_list(g.value, "eos_token_id");
       c.validate();
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("'{}': {}", gen.string(), e.what()), "eos_token_id must be a token id or a list of them");

@@ -731,24 +731,12 @@ class HFTokenizer {
     if (std::filesystem::is_regular_file(generation_config, ec)) {
       const auto g = io::read_json_file(generation_config.string(), "generation config", "fix or re-download it",
                                         size_t{1} << 20);
-      try {
-        if (g.contains("eos_token_id")) {
-          const auto& e = g["eos_token_id"];
-          stop_.clear();
-          if (e.is_array()) {
-            for (const auto& x : e) stop_.push_back(x.get<int64_t>());
-          } else if (e.is_number_integer()) {
-            stop_.push_back(e.get<int64_t>());
-          } else if (!e.is_null()) {  // a string or an object: never a silently empty stop list
-            throw Error(fmt::format("'{}': eos_token_id is not an integer or a list of integers (it is a {})",
-                                    generation_config.string(), e.type_name()),
-                        "fix or re-download it");
-          }
-        }
-      } catch (const nlohmann::json::exception& e) {
+      try {  // the rule ModelConfig reads the same field with (a string is an Error, not an empty list)
+        if (g.contains("eos_token_id")) stop_ = io::json_id_list(g, "eos_token_id");
+      } catch (const Error& e) {
         throw Error(fmt::format("'{}': eos_token_id is not an integer or a list of integers ({})",
-                                generation_config.string(), e.what()),
-                    "fix or re-download it");
+                                generation_config.string(), e.problem()),
+                    e.fix());
       }
     }
   }
