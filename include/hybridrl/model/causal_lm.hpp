@@ -28,6 +28,7 @@
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/decoder.hpp"
 #include "hybridrl/model/parallel.hpp"
+#include "hybridrl/model/parameter_init.hpp"
 
 namespace hybridrl {
 
@@ -213,8 +214,12 @@ inline ValueModel make_value_model(const CausalLM& policy, std::optional<Paralle
 inline CausalLM make_reference(const CausalLM& policy, std::optional<ParallelContext> pc = std::nullopt) {
   const auto layout = pc.value_or(policy->parallel());
   detail::check_copy_layout(policy->parallel(), layout, "make_reference");
-  CausalLM ref(policy->config(), layout);
   const auto p = policy->parameters();
+  CausalLM ref{nullptr};
+  {  // built where the policy lives, undrawn: every parameter is copied next
+    ParameterInit scope(at::TensorOptions().device(p.front().device()).dtype(p.front().scalar_type()), /*random=*/false);
+    ref = CausalLM(policy->config(), layout);
+  }
   ref->to(p.front().device(), p.front().scalar_type());
   detail::copy_parameters(*ref, *policy, layout, !policy->parallel().sharded());
   for (auto& q : ref->parameters()) q.requires_grad_(false);

@@ -34,7 +34,9 @@
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/decoder.hpp"
 #include "hybridrl/model/log_probs.hpp"
+#include "hybridrl/model/parameter_init.hpp"
 #include "hybridrl/sharding/concepts.hpp"
+#include "hybridrl/sharding/frozen.hpp"
 #include "hybridrl/sharding/fsdp_units.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
 #include "hybridrl/sharding/score_batch.hpp"
@@ -131,27 +133,10 @@ class BasicFSDPEngine {
                    "shard a full model with FSDP; tensor parallelism is Sharding<TP3D>'s");
     sh_ = std::make_unique<detail::fsdp::State>();
     sh_->groups = detail::fsdp::make_groups(comm_, options_.shard_group_size());
-    auto& units = sh_->units;
-    const auto L = model_->model->config().num_hidden_layers;
-    units.resize(static_cast<size_t>(L) + 1);  // layers 0..L-1, then the root
-    for (int64_t i = 0; i < L; ++i) units[static_cast<size_t>(i)].name = fmt::format("model.layers.{}", i);
-    units.back().name = "root";
-    int64_t index = 0;  // the position of each parameter in the one-process engine's optimizer
-    for (auto& item : model_->named_parameters()) {
-      const auto& name = item.key();
-      HYBRIDRL_CHECK(item.value().requires_grad(), fmt::format("Sharding<FSDP>: parameter '{}' is frozen", name),
-                     "train every parameter under sharding (or shard a model without frozen parameters)");
-      size_t u = units.size() - 1;
-      if (name.rfind("model.layers.", 0) == 0) u = std::stoul(name.substr(13, name.find('.', 13) - 13));
-      units[u].names.push_back(name);
-      units[u].params.push_back(item.value());
-      units[u].index.push_back(index++);
-    }
+    sh_->units = detail::fsdp::make_units(model_->named_parameters(), model_->model->config().num_hidden_layers,
+                                          sh_->groups, /*trainable=*/true, "Sharding<FSDP>");
     std::vector<at::Tensor> slices;
-    for (auto& u : units) {
-      HYBRIDRL_CHECK(!u.params.empty(), fmt::format("Sharding<FSDP>: unit '{}' has no parameters", u.name),
-                     "shard a Llama-family model (model.layers.N.* and the root parameters)");
-      detail::fsdp::init_unit(u, sh_->groups);
+    for (auto& u : sh_->units) {
       slices.push_back(u.slice);
       shard_elements_ += u.slice.numel();
       total_elements_ += u.numel;
@@ -357,6 +342,33 @@ class BasicFSDPEngine {
 
   /// Bytes this rank received from the others in the last export_weights (0 on one process).
   [[nodiscard]] int64_t last_export_bytes() const noexcept { return last_export_bytes_; }
+
+  /// The frozen reference in this engine's layout, a copy of the weights as they stand (call it
+  /// before the first step): sharded, a copy of this rank's slices (no communication), gathered
+  /// in param_dtype around each use as the policy is; on one process a full copy run under the
+  /// policy's autocast.
+  [[nodiscard]] ShardedFrozen<CausalLM> make_reference() const
+    requires(!is_critic)
+  {
+    if (!sh_) return ShardedFrozen<CausalLM>(hybridrl::make_reference(model_), nullptr, options_.param_dtype());
+    CausalLM skeleton{nullptr};
+    {  // the architecture without drawing or copying weights; emptied at once by ShardedFrozen
+      const auto& root = sh_->units.back().slice;
+      ParameterInit scope(at::TensorOptions().device(root.device()).dtype(root.scalar_type()), /*random=*/false);
+      skeleton = CausalLM(model_->config());
+    }
+    return ShardedFrozen<CausalLM>(std::move(skeleton), *sh_, options_.param_dtype());
+  }
+
+  /// A frozen reference given whole (the same weights on every rank: a checkpoint) in this
+  /// engine's layout: sharded over its shard groups (collective; its parameters are emptied), on
+  /// one process run as given under the policy's autocast.
+  [[nodiscard]] ShardedFrozen<CausalLM> adopt_reference(CausalLM reference) const
+    requires(!is_critic)
+  {
+    if (!sh_) return ShardedFrozen<CausalLM>(std::move(reference), nullptr, options_.param_dtype());
+    return ShardedFrozen<CausalLM>(std::move(reference), sh_->groups, options_.param_dtype());
+  }
 
   /// Sharded: all-gathers every unit into the model's parameters in the master dtype, so that
   /// model() holds the full trained weights (to save them with save_pretrained); reshard() frees

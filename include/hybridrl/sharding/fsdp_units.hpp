@@ -105,8 +105,9 @@ struct State {
 };
 
 /// Builds `unit`'s slice from the full parameters (every rank holds the same model at the start)
-/// and empties the parameters.
-inline void init_unit(Unit& u, const Groups& g) {
+/// and empties the parameters. `trainable`: the slice is a leaf with grad (an engine's), else a
+/// frozen copy (a reference's, a reward model's).
+inline void init_unit(Unit& u, const Groups& g, bool trainable = true) {
   const int S = g.shards(), r = g.shard ? g.shard->rank() : 0;
   for (size_t i = 0; i < u.params.size(); ++i) {
     u.shapes.push_back(u.params[i].sizes().vec());
@@ -123,9 +124,41 @@ inline void init_unit(Unit& u, const Groups& g) {
     }
   }
   const auto part = u.padded / S;
-  u.slice = flat.narrow(0, r * part, part).clone().requires_grad_(true);
+  u.slice = flat.narrow(0, r * part, part).clone().requires_grad_(trainable);
   for (auto& p : u.params) p.set_data(at::empty({0}, opts));
   u.gathered = false;
+}
+
+/// A model's parameters (`named`: Hugging Face names) cut into units — model.layers.N.* into layer
+/// N's, the rest (embedding, final norm, lm_head, a score head) into the root, last — each unit's
+/// slice built (init_unit) and its parameters emptied. `trainable`: an engine's units (every
+/// parameter must train), else a frozen model's. `what` names the caller in errors.
+template <class Named>
+std::vector<Unit> make_units(const Named& named, int64_t num_layers, const Groups& g, bool trainable,
+                             const char* what) {
+  std::vector<Unit> units(static_cast<size_t>(num_layers) + 1);  // layers 0..L-1, then the root
+  for (int64_t i = 0; i < num_layers; ++i) units[static_cast<size_t>(i)].name = fmt::format("model.layers.{}", i);
+  units.back().name = "root";
+  int64_t index = 0;  // the position of each parameter in the one-process engine's optimizer
+  for (const auto& item : named) {
+    const auto& name = item.key();
+    HYBRIDRL_CHECK(!trainable || item.value().requires_grad(), fmt::format("{}: parameter '{}' is frozen", what, name),
+                   "train every parameter under sharding (or shard a model without frozen parameters)");
+    size_t u = units.size() - 1;
+    if (name.rfind("model.layers.", 0) == 0) u = std::stoul(name.substr(13, name.find('.', 13) - 13));
+    HYBRIDRL_CHECK(u < units.size(), fmt::format("{}: parameter '{}' names a layer past num_hidden_layers = {}", what,
+                                                 name, num_layers),
+                   "shard a model whose config matches its parameters");
+    units[u].names.push_back(name);
+    units[u].params.push_back(item.value());
+    units[u].index.push_back(index++);
+  }
+  for (auto& u : units) {
+    HYBRIDRL_CHECK(!u.params.empty(), fmt::format("{}: unit '{}' has no parameters", what, u.name),
+                   "shard a Llama-family model (model.layers.N.* and the root parameters)");
+    init_unit(u, g, trainable);
+  }
+  return units;
 }
 
 /// The whole flat unit [padded] of which `local` is this rank's slice (the parameters, or a

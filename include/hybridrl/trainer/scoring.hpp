@@ -39,6 +39,7 @@
 #include "hybridrl/detail/compat.hpp"
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/log_probs.hpp"
+#include "hybridrl/sharding/frozen.hpp"
 #include "hybridrl/trainer/rewards.hpp"
 
 namespace hybridrl {
@@ -193,6 +194,14 @@ inline auto frozen_forward(const CausalLM& model, LogProbOptions o) {
   };
 }
 
+/// As above, for a reference sharded over the ranks (ShardedFrozen): collective, so every rank
+/// scores as many micro-batches. `model` must outlive the returned function.
+inline auto frozen_forward(const ShardedFrozen<CausalLM>& model, LogProbOptions o) {
+  return [&model, inner = frozen_forward(model.model(), o)](const TensorBatch& rows) {
+    return model.run([&](const CausalLM&) { return inner(rows); });
+  };
+}
+
 /// Scores every row of a rollout batch with `reward` → float32 [B] on the batch's device (NaN or
 /// infinite where the reward said so: the caller checks). A row's RewardInput holds its dataset
 /// fields (answer, data_source, uid and the line's others), its prompt text (the `prompt` column),
@@ -249,6 +258,48 @@ inline at::Tensor score_rollout(const TensorBatch& batch, const BatchRewardFn& r
 
 }  // namespace detail
 
+namespace detail {
+
+/// The scores of `in` from a reward model of config `c`: right-padded micro-batches of
+/// `micro_batch_size` rows, each given to `score(ids, mask)` → [rows].
+template <class Score>
+std::vector<double> reward_model_scores(const ModelConfig& c, std::span<const RewardInput> in, int64_t micro_batch_size,
+                                        Score&& score) {
+  c10::NoGradGuard g;
+  std::vector<double> out;
+  out.reserve(in.size());
+  const auto max_len = c.max_position_embeddings;
+  for (size_t i0 = 0; i0 < in.size(); i0 += static_cast<size_t>(micro_batch_size)) {
+    const auto n = std::min(in.size() - i0, static_cast<size_t>(micro_batch_size));
+    int64_t L = 0;
+    for (size_t i = i0; i < i0 + n; ++i) {
+      const auto len = static_cast<int64_t>(in[i].prompt_ids.size() + in[i].response_ids.size());
+      HYBRIDRL_CHECK(len > 0, fmt::format("reward model: input {} has neither prompt nor response tokens", i),
+                     "pass RewardInputs with prompt_ids and response_ids (Trainer::fit fills both)");
+      HYBRIDRL_CHECK(len <= max_len,
+                     fmt::format("reward model: input {} has {} tokens, more than its max_position_embeddings {}", i,
+                                 len, max_len),
+                     "shorten rollout.max_new_tokens or the prompts, or use a reward model with a longer context");
+      L = std::max(L, len);
+    }
+    auto ids = at::zeros({static_cast<int64_t>(n), L}, at::kLong), mask = at::zeros_like(ids);
+    auto* id = ids.data_ptr<int64_t>();
+    auto* mk = mask.data_ptr<int64_t>();
+    for (size_t r = 0; r < n; ++r) {
+      const auto& x = in[i0 + r];
+      int64_t j = 0;
+      for (auto t : x.prompt_ids) id[static_cast<int64_t>(r) * L + j++] = t;
+      for (auto t : x.response_ids) id[static_cast<int64_t>(r) * L + j++] = t;
+      for (int64_t k = 0; k < j; ++k) mk[static_cast<int64_t>(r) * L + k] = 1;
+    }
+    const at::Tensor s = score(ids, mask).to(at::kCPU).to(at::kDouble).contiguous();
+    for (int64_t r = 0; r < s.size(0); ++r) out.push_back(s[r].item<double>());
+  }
+  return out;
+}
+
+}  // namespace detail
+
 /// A batched reward from a frozen reward model (load_reward_model): each input scored as its
 /// prompt ids then its response ids — the policy's tokens, so the reward model must share the
 /// policy's tokenizer — right-padded into micro-batches of `micro_batch_size` rows, without grad;
@@ -258,37 +309,36 @@ inline BatchRewardFn reward_model_reward(RewardModel model, int64_t micro_batch_
   HYBRIDRL_CHECK(micro_batch_size >= 1, fmt::format("reward_model_reward: micro_batch_size = {} is below 1", micro_batch_size),
                  "score at least one row per forward, e.g. 16");
   return [model, micro_batch_size](std::span<const RewardInput> in) mutable {
-    c10::NoGradGuard g;
-    std::vector<double> out;
-    out.reserve(in.size());
-    const auto max_len = model->config().max_position_embeddings;
-    for (size_t i0 = 0; i0 < in.size(); i0 += static_cast<size_t>(micro_batch_size)) {
-      const auto n = std::min(in.size() - i0, static_cast<size_t>(micro_batch_size));
-      int64_t L = 0;
-      for (size_t i = i0; i < i0 + n; ++i) {
-        const auto len = static_cast<int64_t>(in[i].prompt_ids.size() + in[i].response_ids.size());
-        HYBRIDRL_CHECK(len > 0, fmt::format("reward model: input {} has neither prompt nor response tokens", i),
-                       "pass RewardInputs with prompt_ids and response_ids (Trainer::fit fills both)");
-        HYBRIDRL_CHECK(len <= max_len,
-                       fmt::format("reward model: input {} has {} tokens, more than its max_position_embeddings {}", i,
-                                   len, max_len),
-                       "shorten rollout.max_new_tokens or the prompts, or use a reward model with a longer context");
-        L = std::max(L, len);
-      }
-      auto ids = at::zeros({static_cast<int64_t>(n), L}, at::kLong), mask = at::zeros_like(ids);
-      auto* id = ids.data_ptr<int64_t>();
-      auto* mk = mask.data_ptr<int64_t>();
-      for (size_t r = 0; r < n; ++r) {
-        const auto& x = in[i0 + r];
-        int64_t j = 0;
-        for (auto t : x.prompt_ids) id[static_cast<int64_t>(r) * L + j++] = t;
-        for (auto t : x.response_ids) id[static_cast<int64_t>(r) * L + j++] = t;
-        for (int64_t k = 0; k < j; ++k) mk[static_cast<int64_t>(r) * L + k] = 1;
-      }
-      const auto s = model->score_sequences(ids, mask).to(at::kCPU).to(at::kDouble).contiguous();
-      for (int64_t r = 0; r < s.size(0); ++r) out.push_back(s[r].item<double>());
+    return detail::reward_model_scores(model->config(), in, micro_batch_size,
+                                       [&](const at::Tensor& ids, const at::Tensor& mask) {
+                                         return model->score_sequences(ids, mask);
+                                       });
+  };
+}
+
+/// As above, from a reward model sharded over the ranks (ShardedFrozen): collective, so every
+/// rank must score as many micro-batches — the same number of inputs, as fit()'s equal shares
+/// give (an input count that differs between ranks is refused on every rank, never a hang).
+inline BatchRewardFn reward_model_reward(std::shared_ptr<ShardedFrozen<RewardModel>> model, int64_t micro_batch_size = 16,
+                                         std::shared_ptr<Communicator> group = nullptr) {
+  HYBRIDRL_CHECK(micro_batch_size >= 1, fmt::format("reward_model_reward: micro_batch_size = {} is below 1", micro_batch_size),
+                 "score at least one row per forward, e.g. 16");
+  HYBRIDRL_CHECK(model != nullptr, "reward_model_reward: no reward model", "pass a ShardedFrozen<RewardModel>");
+  return [model, micro_batch_size, group](std::span<const RewardInput> in) {
+    if (group && group->size() > 1) {  // the micro-batch counts must match: compare the input counts
+      auto n = at::tensor(std::vector<int64_t>{static_cast<int64_t>(in.size()), -static_cast<int64_t>(in.size())},
+                          at::kLong);
+      group->all_reduce(n, ReduceOp::max);
+      const auto most = n[0].item<int64_t>(), least = -n[1].item<int64_t>();
+      HYBRIDRL_CHECK(most == least,
+                     fmt::format("sharded reward model: the ranks score between {} and {} responses", least, most),
+                     "give every rank of the reward model's group the same number of responses (fit() does: "
+                     "data.train_batch_size × rollout.n divisible by the group's ranks)");
     }
-    return out;
+    return detail::reward_model_scores(model->model()->config(), in, micro_batch_size,
+                                       [&](const at::Tensor& ids, const at::Tensor& mask) {
+                                         return model->run([&](RewardModel m) { return m->score_sequences(ids, mask); });
+                                       });
   };
 }
 

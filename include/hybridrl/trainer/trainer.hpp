@@ -195,11 +195,30 @@ concept makes_training_engine = requires(CausalLM m, const O& o, const Optimizer
 };
 
 /// Sharding descriptors whose engine builds the frozen reference in its own layout
-/// (`engine.make_reference()`: Sharding<TP3D>'s, a tensor-parallel shard like the policy).
+/// (`engine.make_reference()`: Sharding<FSDP>'s, sharded over the ranks as the policy is;
+/// Sharding<TP3D>'s, a tensor-parallel shard like the policy).
 template <class S>
 concept engine_makes_reference = requires { typename S::engine_type; } && requires(const typename S::engine_type& e) {
-  { e.make_reference() } -> std::same_as<CausalLM>;
+  e.make_reference();
 };
+
+/// The frozen reference's type under a Sharding policy: what its engine's make_reference()
+/// returns (ShardedFrozen<CausalLM> under Sharding<FSDP>, CausalLM under Sharding<TP3D>), else a
+/// CausalLM (a copy of the policy, run on each rank).
+template <class S>
+struct reference_of {
+  using type = CausalLM;
+};
+template <class S>
+  requires engine_makes_reference<S>
+struct reference_of<S> {
+  using type = std::remove_cvref_t<decltype(std::declval<const typename S::engine_type&>().make_reference())>;
+};
+
+/// Engines that lay out a reference given to fit() (FitParts::reference) as their own:
+/// `engine.adopt_reference(CausalLM)` (Sharding<FSDP>: sharded over its shard groups).
+template <class E>
+concept adopts_reference = requires(const E& e, CausalLM m) { e.adopt_reference(std::move(m)); };
 
 /// The engine type of a Rollout policy (int for NoRollout: an offline trainer has none).
 template <class R>
@@ -226,6 +245,8 @@ struct FitResult {
 struct FitParts {
   /// The frozen reference of algorithms that read one; default: a copy of the policy as fit()
   /// receives it (before a checkpoint's weights are loaded), so a resumed run has the same one.
+  /// Under Sharding<FSDP> on several ranks either is sharded over the ranks as the policy is
+  /// (each rank stores 1/world of it; metric sharding/reference_elements_per_rank).
   std::optional<CausalLM> reference;
   /// Where the progress line goes (nullptr: nowhere).
   std::FILE* progress = stderr;
@@ -595,17 +616,29 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
                  "set loader.epochs=0 (endless), more epochs, or trainer.total_steps=0 (as many steps as the epochs hold)");
   const int64_t minis = std::max<int64_t>(1, g.train_batch_size() / g.ppo_mini_batch_size());
   const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
-  // the reference before the policy changes (a resumed run gets the same one)
-  std::optional<CausalLM> reference = std::move(parts.reference);
+  // the reference before the policy changes (a resumed run gets the same one): the engine's,
+  // laid out as the policy is (Sharding<FSDP>: 1/world of it per rank), made before a checkpoint
+  // loads; otherwise a copy of the policy as given, made here
+  using Reference = typename detail::reference_of<sharding_type>::type;
   constexpr bool engine_reference = detail::engine_makes_reference<sharding_type>;
-  if (!reference && !engine_reference && algorithm_type::uses_reference(o.algorithm())) {
-    reference = make_reference(policy);
-  }
-  if constexpr (requires { o.sharding().param_dtype(); }) {
-    // the reference computes at the policy's precision (mixed precision: under the same autocast),
-    // so both agree while the policy has not moved
-    if (reference && o.sharding().param_dtype() != (*reference)->parameters().front().scalar_type()) {
-      (*reference)->model->set_layer_runner(autocast_runner(o.sharding().param_dtype(), default_layer_runner()));
+  const bool wants_reference = algorithm_type::uses_reference(o.algorithm());
+  std::optional<CausalLM> given_reference = std::move(parts.reference);
+  parts.reference.reset();
+  // the reference computes at the policy's precision (mixed precision: under the same autocast),
+  // so both agree while the policy has not moved
+  auto at_policy_precision = [&](CausalLM& ref) {
+    if constexpr (requires { o.sharding().param_dtype(); }) {
+      if (o.sharding().param_dtype() != ref->parameters().front().scalar_type()) {
+        ref->model->set_layer_runner(autocast_runner(o.sharding().param_dtype(), default_layer_runner()));
+      }
+    }
+  };
+  std::optional<Reference> reference;
+  if constexpr (!engine_reference) {
+    if (given_reference || wants_reference) {
+      reference = given_reference ? std::move(*given_reference) : make_reference(policy);
+      given_reference.reset();
+      at_policy_precision(*reference);
     }
   }
   const auto device = policy->parameters().front().device();
@@ -634,8 +667,21 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     (*critic_model)->to(device);
   }
   auto engine = make_engine();
-  if constexpr (engine_reference) {  // sharded like the policy, before its first step
-    if (!reference && algorithm_type::uses_reference(o.algorithm())) reference = engine.make_reference();
+  if constexpr (engine_reference) {  // laid out like the policy, before its first step
+    if (given_reference) {
+      if constexpr (detail::adopts_reference<decltype(engine)>) {
+        reference.emplace(engine.adopt_reference(std::move(*given_reference)));
+      } else {
+        static_assert(std::is_same_v<Reference, CausalLM>,
+                      "hybridrl: this Sharding policy's make_reference() returns its own type but its engine has no "
+                      "adopt_reference(CausalLM) for a reference given in FitParts. Give the engine one.");
+        reference.emplace(std::move(*given_reference));
+        at_policy_precision(*reference);
+      }
+      given_reference.reset();
+    } else if (wants_reference) {
+      reference.emplace(engine.make_reference());
+    }
   }
   // the ranks that see different data: the engine's data-parallel group under Sharding<TP3D>
   // (the ranks of one tensor-parallel group share every batch), the whole group otherwise
@@ -1009,6 +1055,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       // this many elements): the model's size / the shard count, under Sharding<FSDP> over ranks
       m["sharding/param_elements_per_rank"] = static_cast<double>(engine.local_parameter_elements());
       m["sharding/param_elements"] = static_cast<double>(engine.total_parameter_elements());
+    }
+    if constexpr (requires { reference->local_parameter_elements(); }) {
+      // the frozen reference's share on this rank (Sharding<FSDP>: its size / the shard count)
+      if (reference) m["sharding/reference_elements_per_rank"] = static_cast<double>(reference->local_parameter_elements());
     }
     // over the ranks: the loss hooks' metrics came reduced by their own rule (MetricAggregator); the
     // rest is the mean, times and memory the largest, tokens_per_s the sum
