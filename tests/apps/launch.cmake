@@ -1,7 +1,7 @@
 # `hybridrl train` on several processes (run by ctest with -P), launched the way torchrun does it:
 # `hybridrl launch --nproc-per-node 2 -- train ...` sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR
 # (127.0.0.1) and MASTER_PORT; the ranks meet at rank 0's TCPStore and train over Gloo.
-#   EXE  the hybridrl program   WORK  a scratch directory
+#   EXE  the hybridrl program   WORK  a scratch directory   FIXTURES  tests/fixtures
 # 1. GRPO on the reverse task (model.init=tiny, Sharding<FSDP> over 2 ranks): exit 0, the layout
 #    line, rank 0 alone writes metrics.jsonl (one line per step), the checkpoint and the model.
 # 2. The 2-rank checkpoint resumes on one process.
@@ -9,6 +9,8 @@
 #    names the address; a geometry the ranks cannot split is refused before any model loads.
 # 4. A peer killed mid-run (SIGKILL after 15 s of a long run): the other rank stops with an Error
 #    naming the collective, well within distributed.timeout_s, not a hang.
+# 5. GRPO scored by the fixture reward model (reward.name=model) on 2 ranks: the reward model is
+#    sharded over them (the layout says so) and the run trains its 2 steps.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run_cli rc_var err_var)
@@ -103,3 +105,19 @@ endif()
 string(REGEX MATCH "[^\n]*over gloo failed[^\n]*" said "${err}")
 message(STATUS "a peer killed mid-run: rank 0 stopped ${took} s after the start (rank 1 killed at 15 s): ${said}")
 
+
+# 5. a reward model sharded over the 2 ranks
+run_cli(rc err launch --nproc-per-node 2 -- train algorithm.name=grpo rollout.name=naive model.path=${FIXTURES}/models/llama
+  data.train_files=[${FIXTURES}/data/prompts.jsonl] reward.name=model reward.model_path=${FIXTURES}/models/llama_rm
+  reward.micro_batch_size=3 trainer.total_steps=2 trainer.output_dir=${WORK}/rm trainer.save_model=false
+  data.train_batch_size=2 rollout.n=4 rollout.max_new_tokens=6 geometry.ppo_mini_batch_size=2
+  geometry.micro_batch_size_per_gpu=4 optim.lr=1e-3 loader.epochs=0 loader.drop_last=true distributed.timeout_s=120)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "the reward model is sharded over 2 ranks")
+  message(FATAL_ERROR "GRPO with a reward model on 2 ranks (${rc}): ${err}")
+endif()
+file(STRINGS ${WORK}/rm/metrics.jsonl rm_lines)
+list(LENGTH rm_lines n_rm)
+list(GET rm_lines 1 rm_last)
+if(NOT n_rm EQUAL 2 OR NOT rm_last MATCHES "\"reward_mean\":-?[0-9]")
+  message(FATAL_ERROR "the 2-rank reward-model run wrote ${n_rm} metrics lines, the last without a reward_mean: ${rm_last}")
+endif()

@@ -1,8 +1,9 @@
 // fit() on several ranks (threads of this process, each a rank of hybridrl's thread group or of
 // c10d Gloo): Sharding<FSDP> data-parallel training of GRPO (Rollout<Naive>) and DPO on 2 and 4
 // ranks gives the weights and metrics one process gives on the same data (fp32); rank 0 alone
-// writes the run's files; a checkpoint written by 2 ranks resumes on one process as the
-// uninterrupted run; a batch that does not split over the ranks is refused with the fix.
+// writes the run's files; a checkpoint written by 2 ranks resumes on one process and on 4 as the
+// uninterrupted run; the frozen reference is sharded as the policy is; a batch that does not
+// split over the ranks is refused with the fix.
 
 #include <hybridrl/hybridrl.hpp>
 
@@ -69,7 +70,7 @@ using hybridrl::testing::contains;
 using hybridrl::testing::error_of;
 
 TEST_SUITE("trainer/distributed") {
-  TEST_CASE("GRPO with Sharding<FSDP> on 2 and 4 ranks fits as one process does; rank 0 writes; 2 ranks resume on 1") {
+  TEST_CASE("GRPO with Sharding<FSDP> on 2 and 4 ranks fits as one process does; rank 0 writes; 2 ranks resume on 1 and on 4") {
     FitTempDir tmp("dist_grpo");
     auto prompts = fixture_prompts(tmp.path);
     FitParts quiet;
@@ -107,6 +108,9 @@ TEST_SUITE("trainer/distributed") {
         CHECK(ref_steps[0]["sharding/param_elements_per_rank"] == ref_steps[0]["sharding/param_elements"]);
         CHECK(steps[0]["sharding/param_elements_per_rank"] * world >= steps[0]["sharding/param_elements"]);
         CHECK(steps[0]["sharding/param_elements_per_rank"] * world <= steps[0]["sharding/param_elements"] + 3 * world);
+        // the frozen reference (GRPO's KL) is sharded as the policy is: the same share per rank
+        CHECK(ref_steps[0]["sharding/reference_elements_per_rank"] == ref_steps[0]["sharding/param_elements"]);
+        CHECK(steps[0]["sharding/reference_elements_per_rank"] == steps[0]["sharding/param_elements_per_rank"]);
         check_steps_like(steps, ref_steps);
       }
     }
@@ -123,12 +127,71 @@ TEST_SUITE("trainer/distributed") {
     CHECK(std::filesystem::exists(out + "/checkpoints/step_00000002/trainer_state.json"));
     CHECK(std::filesystem::exists(out + "/model/model.safetensors"));
     CHECK(reproducible_metrics(out).size() == 2);  // one writer: two lines, not four
+    // ... and 4 ranks resume it too (a checkpoint holds full tensors: any world size reads it)
+    const auto out4 = tmp.path + "/four";
+    std::filesystem::copy(out, out4, std::filesystem::copy_options::recursive);
+    std::vector<double> rel4(4, 1.0);
+    std::vector<int64_t> from4(4, -1);
+    std::mutex m4;
+    run_on("thread", 4, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      auto o = dist_grpo_options(3);
+      o.trainer().output_dir(out4);
+      auto policy = fit_fixture_model();
+      const auto r = DistGRPO(o, 4).fit(policy, prompts, dist_reward, p);
+      const auto w = dist_weights_rel(policy, one);
+      std::lock_guard<std::mutex> lock(m4);
+      rel4[static_cast<size_t>(comm.rank())] = w;
+      from4[static_cast<size_t>(comm.rank())] = r.resumed_from;
+    });
+    for (size_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      CHECK(from4[k] == 2);
+      CHECK(rel4[k] <= 1e-5);
+    }
     auto resumed = fit_fixture_model();
     auto o = dist_grpo_options(3);
     o.trainer().output_dir(out);
     const auto r = DistGRPO(o).fit(resumed, prompts, dist_reward, quiet);
     CHECK(r.resumed_from == 2);
     CHECK(dist_weights_rel(resumed, one) <= 1e-5);
+  }
+
+  TEST_CASE("GRPO on 2 ranks scored by a reward model sharded over them fits as one process with the whole reward model") {
+    FitTempDir tmp("dist_rm");
+    auto prompts = fixture_prompts(tmp.path);
+    const auto rm_dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama_rm";
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps, steps;
+    FitParts ref_parts = quiet;
+    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    DistGRPO(dist_grpo_options(2)).fit(one, prompts, reward_model_reward(load_reward_model(rm_dir), 4), ref_parts);
+    std::mutex m;
+    std::vector<double> rel(2, 1.0);
+    std::vector<int64_t> rm_local(2), rm_total(2);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+      auto rm = std::make_shared<ShardedFrozen<RewardModel>>(load_reward_model(rm_dir), p.comm, at::kFloat);
+      auto policy = fit_fixture_model();
+      DistGRPO(dist_grpo_options(2), 2).fit(policy, prompts, reward_model_reward(rm, 4, p.comm), p);
+      const auto r = dist_weights_rel(policy, one);
+      std::lock_guard<std::mutex> lock(m);
+      rel[static_cast<size_t>(comm.rank())] = r;
+      rm_local[static_cast<size_t>(comm.rank())] = rm->local_parameter_elements();
+      rm_total[static_cast<size_t>(comm.rank())] = rm->total_parameter_elements();
+    });
+    REQUIRE(steps.size() == 2);
+    check_steps_like(steps, ref_steps);
+    CHECK(ref_steps[0]["reward_std"] > 0);  // the reward model tells the samples apart
+    for (size_t r = 0; r < 2; ++r) {
+      CHECK(rel[r] <= 1e-5);
+      CHECK(rm_local[r] * 2 < rm_total[r] + 64);  // each rank stores half of the reward model
+    }
   }
 
   TEST_CASE("GRPO with Sharding<TP3D> (tensor 2; data 2 × tensor 2) fits as one process does; weights go to a TP = 1 rollout") {

@@ -70,8 +70,9 @@ class ShardedFrozen {
   }
 
   /// A frozen copy of an FSDP engine's weights as they stand: `skeleton` (the same architecture,
-  /// its parameters uninitialised or empty) takes copies of this rank's slices of `trained` — no
-  /// communication, and the skeleton's parameters are emptied.
+  /// its parameters uninitialised or empty, on any device) takes copies of this rank's slices of
+  /// `trained` — no communication; the skeleton's parameters are emptied and it moves to the
+  /// slices' device.
   ShardedFrozen(Model skeleton, const detail::fsdp::State& trained, at::ScalarType param_dtype)
       : model_(std::move(skeleton)), param_dtype_(param_dtype) {
     freeze();
@@ -97,6 +98,7 @@ class ShardedFrozen {
       }
       sh_->units.push_back(std::move(u));
     }
+    if (!sh_->units.empty()) model_->to(sh_->units.back().slice.device());  // the empty parameters and the buffers
     model_->model->set_layer_runner(detail::fsdp::sharded_layer_runner(&sh_->units, &sh_->groups, param_dtype_,
                                                                        param_dtype_, /*recompute=*/false));
   }

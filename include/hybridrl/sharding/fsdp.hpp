@@ -352,9 +352,11 @@ class BasicFSDPEngine {
   {
     if (!sh_) return ShardedFrozen<CausalLM>(hybridrl::make_reference(model_), nullptr, options_.param_dtype());
     CausalLM skeleton{nullptr};
-    {  // the architecture without drawing or copying weights; emptied at once by ShardedFrozen
+    {  // the architecture without drawing or copying weights, in host memory that is never
+       // touched (so never resident), emptied at once by ShardedFrozen and moved to the slices'
+       // device: no full copy of the model exists on the GPU, even for a moment
       const auto& root = sh_->units.back().slice;
-      ParameterInit scope(at::TensorOptions().device(root.device()).dtype(root.scalar_type()), /*random=*/false);
+      ParameterInit scope(at::TensorOptions().device(at::kCPU).dtype(root.scalar_type()), /*random=*/false);
       skeleton = CausalLM(model_->config());
     }
     return ShardedFrozen<CausalLM>(std::move(skeleton), *sh_, options_.param_dtype());

@@ -400,17 +400,25 @@ std::shared_ptr<const Dataset> read_run_data(const TaskOptions& task, const std:
 }
 
 /// The reward reward.* names (online): the task's, a built-in rule, or a reward model loaded to
-/// the policy's device and dtype (its vocabulary checked against `tok`).
+/// the policy's device and dtype (its vocabulary checked against `tok`) — on several ranks
+/// (`comm`) sharded over them as Sharding<FSDP> shards the policy (`shard_group_size`: -1 all
+/// ranks, else groups of that many that each hold a whole copy), so a rank stores 1/shards of it.
 /// `custom`: rewards a program registered by name (TrainerRegistry::add_reward), looked up first.
 inline BatchRewardFn make_run_reward(const RunRewardOptions& ro, const TaskOptions& task, const RunModelOptions& mo,
                                      const AnyTokenizer& tok,
-                                     const std::map<std::string, BatchRewardFn>& custom = {}) {
+                                     const std::map<std::string, BatchRewardFn>& custom = {},
+                                     std::shared_ptr<Communicator> comm = nullptr, int64_t shard_group_size = -1) {
   auto name = ro.name();
   if (name.empty()) name = task.name().empty() ? "exact_match" : "task";
   if (auto it = custom.find(name); it != custom.end()) return it->second;
   if (name == "model") {
     auto rm = load_reward_model(ro.model_path(), LoadOptions{}.dtype(mo.dtype()).device(at::Device(mo.device())));
     check_vocabulary(tok, rm->config());
+    if (comm && comm->size() > 1) {
+      const auto dtype = rm->parameters().front().scalar_type();
+      auto sharded = std::make_shared<ShardedFrozen<RewardModel>>(std::move(rm), comm, dtype, shard_group_size);
+      return reward_model_reward(std::move(sharded), ro.micro_batch_size(), std::move(comm));
+    }
     return reward_model_reward(rm, ro.micro_batch_size());
   }
   return batched(name == "task" ? task_reward() : builtin_reward(name));
@@ -598,7 +606,13 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   const std::optional<int64_t> world = comm ? std::optional<int64_t>(comm->size()) : std::nullopt;
   FitResult r;
   if constexpr (T::has_rollout) {
-    auto reward = make_run_reward(cfg.reward(), cfg.task(), cfg.model(), model.tokenizer, rewards);
+    int64_t shard_group = -1;
+    if constexpr (requires { cfg.run().sharding().shard_group_size(); }) shard_group = cfg.run().sharding().shard_group_size();
+    auto reward = make_run_reward(cfg.reward(), cfg.task(), cfg.model(), model.tokenizer, rewards, comm, shard_group);
+    if (lead && comm && cfg.reward().name() == "model") {
+      std::fprintf(stderr, "hybridrl train: the reward model is sharded over %lld ranks\n",
+                   static_cast<long long>(shard_group < 0 ? comm->size() : shard_group));
+    }
     parts.decode = run_decode(model.tokenizer);
     r = T(cfg.run(), world).fit(model.policy, data, std::move(reward), std::move(parts));
   } else {
