@@ -150,7 +150,7 @@ TEST_SUITE("sharding/frozen") {
     }
   }
 
-  TEST_CASE("a reward model sharded over 2 ranks scores as transformers does; unequal shares are refused on every rank") {
+  TEST_CASE("a reward model sharded over 2 ranks scores as transformers does; unequal shares or a bad input on one rank are refused on every rank") {
     const auto dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama_rm";
     const auto ref = load_safetensors(dir + "/hf_scores.safetensors");
     const auto ids = ref.at("right.input_ids"), mask = ref.at("right.attention_mask");
@@ -168,7 +168,7 @@ TEST_SUITE("sharding/frozen") {
       CAPTURE(backend);
       std::mutex m;
       std::vector<std::vector<double>> got(2);
-      std::vector<std::string> unequal(2);
+      std::vector<std::string> unequal(2), unscorable(2);
       std::vector<int64_t> local(2), total(2);
       run_on(backend, 2, [&](Communicator& comm) {
         auto rm = std::make_shared<ShardedFrozen<RewardModel>>(load_reward_model(dir), borrowed(comm), at::kFloat);
@@ -177,9 +177,14 @@ TEST_SUITE("sharding/frozen") {
         auto mine = score(std::span<const RewardInput>(in).subspan(r * 2, 2));
         // rank 0 one input, rank 1 two: both ranks refuse before any forward
         auto err = error_of([&] { (void)score(std::span<const RewardInput>(in).subspan(0, r + 1)); });
+        // rank 1's second input has no tokens: it says so, rank 0 is told another rank cannot go on
+        std::vector<RewardInput> odd(in.begin(), in.begin() + 2);
+        if (r == 1) odd[1] = RewardInput{};
+        auto err_empty = error_of([&] { (void)score(odd); });
         std::lock_guard<std::mutex> lock(m);
         got[r] = mine;
         unequal[r] = err;
+        unscorable[r] = err_empty;
         local[r] = rm->local_parameter_elements();
         total[r] = rm->total_parameter_elements();
       });
@@ -191,6 +196,8 @@ TEST_SUITE("sharding/frozen") {
           CHECK(got[r][i] == doctest::Approx(want[b].item<double>()).epsilon(1e-5));
         }
         CHECK(contains(unequal[r], "the ranks score between 1 and 2 responses"));
+        CHECK(contains(unscorable[r], r == 1 ? "input 1 has neither prompt nor response tokens"
+                                             : "another rank's responses cannot be scored"));
         CHECK(local[r] * 2 < total[r] + 64);
         CHECK(local[r] * 2 >= total[r]);
       }

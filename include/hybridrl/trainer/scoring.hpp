@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <exception>
 #include <span>
 #include <type_traits>
 #include <optional>
@@ -256,31 +257,33 @@ inline at::Tensor score_rollout(const TensorBatch& batch, const BatchRewardFn& r
   return at::tensor(f, at::kFloat).to(batch.tensor(keys::responses).device());
 }
 
-}  // namespace detail
+/// Throws hybridrl::Error for the first input a reward model of config `c` cannot score (no
+/// tokens, more than its max_position_embeddings).
+inline void check_reward_inputs(const ModelConfig& c, std::span<const RewardInput> in) {
+  const auto max_len = c.max_position_embeddings;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const auto len = static_cast<int64_t>(in[i].prompt_ids.size() + in[i].response_ids.size());
+    HYBRIDRL_CHECK(len > 0, fmt::format("reward model: input {} has neither prompt nor response tokens", i),
+                   "pass RewardInputs with prompt_ids and response_ids (Trainer::fit fills both)");
+    HYBRIDRL_CHECK(len <= max_len,
+                   fmt::format("reward model: input {} has {} tokens, more than its max_position_embeddings {}", i,
+                               len, max_len),
+                   "shorten rollout.max_new_tokens or the prompts, or use a reward model with a longer context");
+  }
+}
 
-namespace detail {
-
-/// The scores of `in` from a reward model of config `c`: right-padded micro-batches of
-/// `micro_batch_size` rows, each given to `score(ids, mask)` → [rows].
+/// The scores of `in` (checked: check_reward_inputs) from a reward model: right-padded
+/// micro-batches of `micro_batch_size` rows, each given to `score(ids, mask)` → [rows].
 template <class Score>
-std::vector<double> reward_model_scores(const ModelConfig& c, std::span<const RewardInput> in, int64_t micro_batch_size,
-                                        Score&& score) {
+std::vector<double> reward_model_scores(std::span<const RewardInput> in, int64_t micro_batch_size, Score&& score) {
   c10::NoGradGuard g;
   std::vector<double> out;
   out.reserve(in.size());
-  const auto max_len = c.max_position_embeddings;
   for (size_t i0 = 0; i0 < in.size(); i0 += static_cast<size_t>(micro_batch_size)) {
     const auto n = std::min(in.size() - i0, static_cast<size_t>(micro_batch_size));
     int64_t L = 0;
     for (size_t i = i0; i < i0 + n; ++i) {
-      const auto len = static_cast<int64_t>(in[i].prompt_ids.size() + in[i].response_ids.size());
-      HYBRIDRL_CHECK(len > 0, fmt::format("reward model: input {} has neither prompt nor response tokens", i),
-                     "pass RewardInputs with prompt_ids and response_ids (Trainer::fit fills both)");
-      HYBRIDRL_CHECK(len <= max_len,
-                     fmt::format("reward model: input {} has {} tokens, more than its max_position_embeddings {}", i,
-                                 len, max_len),
-                     "shorten rollout.max_new_tokens or the prompts, or use a reward model with a longer context");
-      L = std::max(L, len);
+      L = std::max(L, static_cast<int64_t>(in[i].prompt_ids.size() + in[i].response_ids.size()));
     }
     auto ids = at::zeros({static_cast<int64_t>(n), L}, at::kLong), mask = at::zeros_like(ids);
     auto* id = ids.data_ptr<int64_t>();
@@ -309,7 +312,8 @@ inline BatchRewardFn reward_model_reward(RewardModel model, int64_t micro_batch_
   HYBRIDRL_CHECK(micro_batch_size >= 1, fmt::format("reward_model_reward: micro_batch_size = {} is below 1", micro_batch_size),
                  "score at least one row per forward, e.g. 16");
   return [model, micro_batch_size](std::span<const RewardInput> in) mutable {
-    return detail::reward_model_scores(model->config(), in, micro_batch_size,
+    detail::check_reward_inputs(model->config(), in);
+    return detail::reward_model_scores(in, micro_batch_size,
                                        [&](const at::Tensor& ids, const at::Tensor& mask) {
                                          return model->score_sequences(ids, mask);
                                        });
@@ -318,24 +322,35 @@ inline BatchRewardFn reward_model_reward(RewardModel model, int64_t micro_batch_
 
 /// As above, from a reward model sharded over the ranks (ShardedFrozen): collective, so every
 /// rank must score as many micro-batches — the same number of inputs, as fit()'s equal shares
-/// give (an input count that differs between ranks is refused on every rank, never a hang).
+/// give. An input count that differs between ranks, or an input one rank cannot score, is
+/// refused on every rank before any forward, never a hang.
 inline BatchRewardFn reward_model_reward(std::shared_ptr<ShardedFrozen<RewardModel>> model, int64_t micro_batch_size = 16,
                                          std::shared_ptr<Communicator> group = nullptr) {
   HYBRIDRL_CHECK(micro_batch_size >= 1, fmt::format("reward_model_reward: micro_batch_size = {} is below 1", micro_batch_size),
                  "score at least one row per forward, e.g. 16");
   HYBRIDRL_CHECK(model != nullptr, "reward_model_reward: no reward model", "pass a ShardedFrozen<RewardModel>");
   return [model, micro_batch_size, group](std::span<const RewardInput> in) {
-    if (group && group->size() > 1) {  // the micro-batch counts must match: compare the input counts
-      auto n = at::tensor(std::vector<int64_t>{static_cast<int64_t>(in.size()), -static_cast<int64_t>(in.size())},
-                          at::kLong);
+    std::exception_ptr unscorable;  // this rank's inputs, checked before the ranks compare notes
+    try {
+      detail::check_reward_inputs(model->model()->config(), in);
+    } catch (const Error&) {
+      unscorable = std::current_exception();
+    }
+    if (group && group->size() > 1) {  // the micro-batch counts must match, and every rank go on
+      const auto count = static_cast<int64_t>(in.size());
+      auto n = at::tensor(std::vector<int64_t>{count, -count, unscorable ? 1 : 0}, at::kLong);
       group->all_reduce(n, ReduceOp::max);
+      if (unscorable) std::rethrow_exception(unscorable);
       const auto most = n[0].item<int64_t>(), least = -n[1].item<int64_t>();
+      HYBRIDRL_CHECK(n[2].item<int64_t>() == 0, "sharded reward model: another rank's responses cannot be scored",
+                     "see that rank's error (a response without tokens, or longer than the reward model's context)");
       HYBRIDRL_CHECK(most == least,
                      fmt::format("sharded reward model: the ranks score between {} and {} responses", least, most),
                      "give every rank of the reward model's group the same number of responses (fit() does: "
                      "data.train_batch_size × rollout.n divisible by the group's ranks)");
     }
-    return detail::reward_model_scores(model->model()->config(), in, micro_batch_size,
+    if (unscorable) std::rethrow_exception(unscorable);
+    return detail::reward_model_scores(in, micro_batch_size,
                                        [&](const at::Tensor& ids, const at::Tensor& mask) {
                                          return model->run([&](RewardModel m) { return m->score_sequences(ids, mask); });
                                        });
