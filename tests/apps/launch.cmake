@@ -11,6 +11,8 @@
 #    naming the collective, well within distributed.timeout_s, not a hang.
 # 5. GRPO scored by the fixture reward model (reward.name=model) on 2 ranks: the reward model is
 #    sharded over them (the layout says so) and the run trains its 2 steps.
+# 6. placement.actor=0-1, reference=2, reward=1-2 on 3 ranks trains its 2 steps; placement.reference=5
+#    on 2 ranks is refused before the tokenizer loads.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run_cli rc_var err_var)
@@ -120,4 +122,30 @@ list(LENGTH rm_lines n_rm)
 list(GET rm_lines 1 rm_last)
 if(NOT n_rm EQUAL 2 OR NOT rm_last MATCHES "\"reward_mean\":-?[0-9]")
   message(FATAL_ERROR "the 2-rank reward-model run wrote ${n_rm} metrics lines, the last without a reward_mean: ${rm_last}")
+endif()
+
+# 6. placement: ranks 0-1 generate and train, rank 2 holds the reference, ranks 1-2 the reward
+#    model (sharded over them); a map past the world is refused before anything loads
+run_cli(rc err launch --nproc-per-node 3 -- train algorithm.name=grpo rollout.name=naive model.path=${FIXTURES}/models/llama
+  data.train_files=[${FIXTURES}/data/prompts.jsonl] reward.name=model reward.model_path=${FIXTURES}/models/llama_rm
+  reward.micro_batch_size=3 trainer.total_steps=2 trainer.output_dir=${WORK}/placed trainer.save_model=false
+  data.train_batch_size=2 rollout.n=4 rollout.max_new_tokens=6 geometry.ppo_mini_batch_size=2
+  geometry.micro_batch_size_per_gpu=4 optim.lr=1e-3 loader.epochs=0 loader.drop_last=true distributed.timeout_s=120
+  placement.actor=0-1 placement.reference=2 placement.reward=1-2)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "the reward model is sharded over 2 ranks"
+   OR NOT err MATCHES "placement: actor 0-1, reference 2, reward 1-2 \\(ranks\\)"
+   OR NOT err MATCHES "3 ranks \\(torchrun, gloo backend\\): data parallel 2 \\(placement.actor\\)")
+  message(FATAL_ERROR "GRPO with placement.actor=0-1 reference=2 reward=1-2 on 3 ranks (${rc}): ${err}")
+endif()
+file(STRINGS ${WORK}/placed/metrics.jsonl placed_lines)
+list(LENGTH placed_lines n_placed)
+list(GET placed_lines 1 placed_last)
+if(NOT n_placed EQUAL 2 OR NOT placed_last MATCHES "\"reward_mean\":-?[0-9]" OR NOT placed_last MATCHES "\"kl\":")
+  message(FATAL_ERROR "the placed run wrote ${n_placed} metrics lines, the last without reward_mean or kl: ${placed_last}")
+endif()
+run_cli(rc err launch --nproc-per-node 2 -- train ${args} trainer.total_steps=2 trainer.output_dir=${WORK}/badmap
+  placement.reference=5)
+if(rc EQUAL 0 OR NOT err MATCHES "placement.reference = \"5\" names rank 5, but the process group has 2 rank\\(s\\)"
+   OR err MATCHES "tokenizer")
+  message(FATAL_ERROR "placement.reference=5 on 2 ranks: expected a refusal before the tokenizer loads (${rc}): ${err}")
 endif()

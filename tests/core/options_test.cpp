@@ -453,6 +453,7 @@ inner:
     check_all("sharding.", help<TP3DOptions>());
     check_all("loader.", help<BucketedOptions>());
     check_all("loader.", help<PackedOptions>());
+    check_all("placement.", help<PlacementOptions>());
     CHECK(contains(doc, "| `trainer.seed` | unsigned integer | `0` |"));
   }
 
@@ -481,6 +482,7 @@ inner:
               << "\n## sharding: Sharding<FSDP>\n" << table("sharding.", help<FSDPOptions>())
               << "\n## sharding: Sharding<TP3D>\n" << table("sharding.", help<TP3DOptions>())
               << "\n## loader: Loader<Bucketed>\n" << table("loader.", help<BucketedOptions>())
-              << "\n## loader: Loader<Packed>\n" << table("loader.", help<PackedOptions>());
+              << "\n## loader: Loader<Packed>\n" << table("loader.", help<PackedOptions>())
+              << "\n## placement\n" << table("placement.", help<PlacementOptions>());
   }
 }

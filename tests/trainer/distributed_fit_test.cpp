@@ -3,10 +3,12 @@
 // ranks gives the weights and metrics one process gives on the same data (fp32); rank 0 alone
 // writes the run's files; a checkpoint written by 2 ranks resumes on one process and on 4 as the
 // uninterrupted run; the frozen reference is sharded as the policy is; a batch that does not
-// split over the ranks is refused with the fix.
+// split over the ranks is refused with the fix; placement.* puts the reference and the reward on
+// ranks of their own (inside the actor's or beside them) and trains as the colocated run does.
 
 #include <hybridrl/hybridrl.hpp>
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,14 @@ inline DistGRPO::Options dist_grpo_options(int64_t steps) {
   auto o = online_fit_options<DistGRPO>(steps, 3);
   o.geometry().micro_batch_size_per_gpu(8);  // 32 sequences a step: 8 per micro-batch on up to 4 ranks
   return o;
+}
+// The text a FILE* holds from its start.
+inline std::string file_text(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string out;
+  for (int c = std::fgetc(f); c != EOF; c = std::fgetc(f)) out.push_back(static_cast<char>(c));
+  return out;
 }
 inline std::vector<double> dist_reward(std::span<const RewardInput> in) {
   std::vector<double> out;
@@ -192,6 +202,189 @@ TEST_SUITE("trainer/distributed") {
       CHECK(rel[r] <= 1e-5);
       CHECK(rm_local[r] * 2 < rm_total[r] + 64);  // each rank stores half of the reward model
     }
+
+    // placement.actor = "0", placement.reward = "1-2": the policy trains on rank 0 alone, the
+    // reward model is sharded over ranks 1 and 2, which only score; the same run
+    std::vector<std::map<std::string, double>> placed_steps;
+    std::vector<int64_t> done(3, -1);
+    std::vector<int64_t> rm_share(3, 0);
+    double rel0 = 1.0;
+    run_on(backends().back(), 3, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { placed_steps.push_back(x); };
+      auto o = dist_grpo_options(2);
+      o.placement().actor("0").reward("1-2");
+      auto group = placement_group(p.comm, {1, 2});  // collective: every rank splits
+      BatchRewardFn reward = [](std::span<const RewardInput>) -> std::vector<double> {
+        throw Error("rank 0 scored", "");  // never called: the actor's rank does not score
+      };
+      std::shared_ptr<ShardedFrozen<RewardModel>> rm;
+      if (group) {
+        rm = std::make_shared<ShardedFrozen<RewardModel>>(load_reward_model(rm_dir), group, at::kFloat);
+        reward = reward_model_reward(rm, 4, group);
+      }
+      auto policy = fit_fixture_model();
+      const auto r = DistGRPO(o, 3).fit(policy, prompts, reward, p);
+      std::lock_guard<std::mutex> lock(m);
+      done[static_cast<size_t>(comm.rank())] = r.steps;
+      if (comm.rank() == 0) rel0 = dist_weights_rel(policy, one);
+      if (rm) rm_share[static_cast<size_t>(comm.rank())] = rm->local_parameter_elements();
+    });
+    CHECK(rel0 <= 1e-5);
+    CHECK(done == std::vector<int64_t>{2, 2, 2});  // the scoring ranks learn when the run ends
+    CHECK(rm_share[0] == 0);
+    CHECK(rm_share[1] * 2 < rm_total[0] + 64);
+    CHECK(rm_share[2] * 2 < rm_total[0] + 64);
+    check_steps_like(placed_steps, ref_steps);
+  }
+
+  TEST_CASE("placement: the reference and the reward on ranks of their own train as the colocated run does") {
+    FitTempDir tmp("dist_place");
+    auto prompts = fixture_prompts(tmp.path);
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps;
+    FitParts ref_parts = quiet;
+    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    DistGRPO(dist_grpo_options(2)).fit(one, prompts, dist_reward, ref_parts);
+    REQUIRE(ref_steps.size() == 2);
+
+    struct Case {
+      std::string backend;
+      int world;
+      std::string actor, reference, reward, layout;
+    };
+    for (const auto& c : std::vector<Case>{
+             // inside the actor: 4 ranks generate and train; ranks 2-3 hold the reference (half each),
+             // rank 1 alone scores the rewards of all 32 samples
+             {"thread", 4, "", "2-3", "1", "actor 0-3, reference 2-3, reward 1"},
+             // beside it: ranks 0-1 generate and train; rank 2 holds the reference and scores
+             {backends().back(), 3, "0-1", "2", "2", "actor 0-1, reference 2, reward 2"}}) {
+      CAPTURE(c.backend);
+      CAPTURE(c.layout);
+      std::mutex m;
+      std::vector<std::map<std::string, double>> steps;
+      std::vector<double> rel(static_cast<size_t>(c.world), 1.0), untouched(static_cast<size_t>(c.world), 1.0);
+      std::vector<int64_t> done(static_cast<size_t>(c.world), -1);
+      std::string progress;
+      run_on(c.backend, c.world, [&](Communicator& comm) {
+        FitParts p = quiet;
+        p.comm = dist_borrowed(comm);
+        std::FILE* f = comm.rank() == 0 ? std::tmpfile() : nullptr;
+        if (comm.rank() == 0) {
+          p.progress = f;
+          p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+        }
+        auto o = dist_grpo_options(2);
+        o.placement().actor(c.actor).reference(c.reference).reward(c.reward);
+        auto policy = fit_fixture_model();
+        const auto r = DistGRPO(o, c.world).fit(policy, prompts, dist_reward, p);
+        const auto w = dist_weights_rel(policy, one), w0 = dist_weights_rel(policy, fit_fixture_model());
+        std::lock_guard<std::mutex> lock(m);
+        rel[static_cast<size_t>(comm.rank())] = w;
+        untouched[static_cast<size_t>(comm.rank())] = w0;
+        done[static_cast<size_t>(comm.rank())] = r.steps;
+        if (f != nullptr) {
+          progress = file_text(f);
+          std::fclose(f);
+        }
+      });
+      CHECK(contains(progress, "placement: " + c.layout + " (ranks)"));
+      const auto actors = static_cast<size_t>(c.actor.empty() ? c.world : 2);
+      for (size_t r = 0; r < static_cast<size_t>(c.world); ++r) {
+        CAPTURE(r);
+        CHECK(done[r] == 2);
+        if (r < actors) CHECK(rel[r] <= 1e-5);  // the actor's ranks hold the trained policy
+      }
+      if (actors < static_cast<size_t>(c.world)) CHECK(untouched[2] == 0.0);  // a scoring rank's policy is as given
+      check_steps_like(steps, ref_steps);
+      // the reference's share, averaged over the actor's ranks: 4 ranks, 2 of them holding half
+      // each (1/4 on average); 2 ranks beside it: none
+      const double total = steps[0]["sharding/param_elements"];
+      if (c.world == 4) CHECK(steps[0]["sharding/reference_elements_per_rank"] == doctest::Approx(total / 4).epsilon(0.01));
+      if (c.world == 3) CHECK(steps[0]["sharding/reference_elements_per_rank"] == 0.0);
+    }
+
+    // bf16: before its first update the policy equals the reference bit for bit (KL 0), with the
+    // reference on one rank beside a 2-rank actor and on 2 ranks beside it, as when colocated
+    for (const std::string reference : {"", "2", "2-3"}) {
+      CAPTURE(reference);
+      double kl = -1;
+      const int world = reference == "2-3" ? 4 : reference.empty() ? 2 : 3;
+      run_on("thread", world, [&](Communicator& comm) {
+        FitParts p = quiet;
+        p.comm = dist_borrowed(comm);
+        if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { kl = x.at("kl"); };
+        auto o = dist_grpo_options(1);
+        o.sharding().param_dtype(at::kBFloat16);
+        if (!reference.empty()) o.placement().actor("0-1").reference(reference).reward("0-1");
+        DistGRPO(o, world).fit(fit_fixture_model(), prompts, dist_reward, p);
+      });
+      CHECK(kl == 0.0);
+    }
+
+    // a reward that fails on its scoring rank fails on every rank, with its message
+    std::vector<std::string> errors(3);
+    std::mutex em;
+    run_on("thread", 3, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      auto o = dist_grpo_options(2);
+      o.placement().actor("0-1").reward("2");
+      BatchRewardFn bad = [](std::span<const RewardInput>) -> std::vector<double> {
+        throw Error("the grader is down", "start the grader");
+      };
+      const auto e = error_of([&] { DistGRPO(o, 3).fit(fit_fixture_model(), prompts, bad, p); });
+      std::lock_guard<std::mutex> lock(em);
+      errors[static_cast<size_t>(comm.rank())] = e;
+    });
+    for (const auto& e : errors) {
+      CHECK(contains(e, "rank 2 (scoring for ranks 2): the grader is down"));
+      CHECK(contains(e, "start the grader"));
+    }
+  }
+
+  TEST_CASE("placement: a map that does not fit the world is refused when the Trainer is built") {
+    auto o = dist_grpo_options(2);
+    auto refused = [&](auto set, int world) {
+      auto x = o;
+      set(x.placement());
+      return error_of([&] { DistGRPO(x, world); });
+    };
+    CHECK(contains(refused([](auto& p) { p.reference("2-4"); }, 4),
+                   "placement.reference = \"2-4\" names rank 4, but the process group has 4 rank(s) (0-3)"));
+    CHECK(contains(refused([](auto& p) { p.reference("1"); }, 1), "names rank 1, but the process group has 1 rank(s)"));
+    CHECK(contains(refused([](auto& p) { p.actor("1-3"); }, 4), "placement.actor = \"1-3\" leaves out rank 0"));
+    CHECK(contains(refused([](auto& p) { p.critic("0"); }, 2), "placement.critic = \"0\" is not the actor's ranks"));
+    CHECK(contains(refused([](auto& p) { p.actor("0-1").reference("2"); }, 4),
+                   "leave rank 3 of 4 without a model"));
+    CHECK(contains(refused([](auto& p) { p.reward("0-"); }, 2),
+                   "placement.reward = \"0-\" is not a list of ranks: a rank number is missing"));
+    CHECK(contains(refused([](auto& p) { p.reward("3-1"); }, 4), "the range 3-1 runs backwards"));
+    CHECK(contains(refused([](auto& p) { p.reward("0;1"); }, 4), "';' is neither a digit"));
+    CHECK(contains(refused([](auto& p) { p.actor("0-1").reference("2"); }, 4), "launch fewer ranks"));
+    // the geometry's world is the actor's ranks
+    auto x = o;
+    x.placement().actor("0-1").reference("2-3").reward("2-3");
+    CHECK(DistGRPO(x, 4).options().geometry().world_size() == 2);
+    CHECK(DistGRPO(o, 4).options().geometry().world_size() == 4);
+    CHECK((PlacementOptions::parse_ranks("4-5,0,2,2") == std::vector<int64_t>{0, 2, 4, 5}));
+    CHECK(PlacementOptions::parse_ranks("").empty());
+    // ... a TP3D trainer keeps every model on its mesh; an offline algorithm keeps its reference
+    using TPGRPO = Trainer<Algorithm<GRPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>;
+    auto tp = online_fit_options<TPGRPO>(2, 3);
+    tp.placement().reward("1");
+    CHECK(contains(error_of([&] { TPGRPO(tp, 2); }), "Sharding<TP3D> keeps every model on the ranks of its own mesh"));
+    using DistDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
+    DistDPO::Options d;
+    d.data().train_batch_size(4);
+    d.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(1);
+    d.placement().reference("1");
+    CHECK(contains(error_of([&] { DistDPO(d, 2); }), "which an offline algorithm (DPO, KTO, SFT) does not support yet"));
+    d.placement().reference("").reward("1");
+    CHECK(contains(error_of([&] { DistDPO(d, 2); }), "placement.reward = \"1\" but an offline algorithm has no reward"));
   }
 
   TEST_CASE("GRPO with Sharding<TP3D> (tensor 2; data 2 × tensor 2) fits as one process does; weights go to a TP = 1 rollout") {

@@ -9,7 +9,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,147 @@ struct TrainerOptions {
     HYBRIDRL_CHECK(plot_every_ >= 0, fmt::format("plot_every = {} is negative", plot_every_),
                    "give a step interval, or 0 to plot at the end only");
     HYBRIDRL_CHECK(!resume_.empty(), "resume is empty", "use auto, never, or a checkpoint directory");
+  }
+};
+
+/// `placement.*` (verl's resource pools; a `device_map` in other tools): which ranks hold which
+/// model. Each key is a list of ranks of the process group — "" (every model's default: the
+/// actor's ranks; the actor's own default: every rank), "0-3", "0,2,4-5". The actor (the policy,
+/// its optimizer and the rollout engine that generates with its weights) shards over its ranks,
+/// which include rank 0 (it writes the run's files); the critic trains with it. The reference and
+/// the reward ranks hold the frozen models, each sharded over its own ranks (1/ranks of the
+/// weights per rank); where they are not the actor's, each step's rollout batch travels to them
+/// and their scores come back. A rank outside the actor only scores. Checked against the world
+/// size when the Trainer is built, before any work (check_world).
+struct PlacementOptions {
+  /// Ranks of the policy and its rollout engine ("": every rank).
+  HYBRIDRL_ARG(std::string, actor) = "";
+  /// Ranks of the critic (PPO): the actor's ("" or the same list).
+  HYBRIDRL_ARG(std::string, critic) = "";
+  /// Ranks that hold the frozen reference ("": the actor's).
+  HYBRIDRL_ARG(std::string, reference) = "";
+  /// Ranks that score the rewards: a reward model is sharded over them, a reward function runs
+  /// there ("": the actor's).
+  HYBRIDRL_ARG(std::string, reward) = "";
+  HYBRIDRL_FIELDS(actor, critic, reference, reward)
+
+  /// Throws hybridrl::Error for a list that does not parse (the problem starts with its key).
+  void validate() const {
+    for (const auto* key : {"actor", "critic", "reference", "reward"}) (void)parse(key);
+  }
+
+  /// True when every key is unset (every model on every rank).
+  [[nodiscard]] bool colocated() const {
+    return actor_.empty() && critic_.empty() && reference_.empty() && reward_.empty();
+  }
+
+  /// The ranks of a list, ascending and without repeats ("" → {}). Throws hybridrl::Error for bad
+  /// syntax; the problem starts with `= "<text>"`.
+  static std::vector<int64_t> parse_ranks(const std::string& text) {
+    std::vector<int64_t> out;
+    if (text.empty()) return out;
+    auto bad = [&](const std::string& why) {
+      return Error(fmt::format("= \"{}\" is not a list of ranks: {}", text.size() > 64 ? text.substr(0, 64) + "..." : text,
+                               why),
+                   "write ranks from 0 as \"0-3\" or \"0,2,4-5\" (\"\" for the default)");
+    };
+    size_t i = 0;
+    auto number = [&]() -> int64_t {
+      if (i >= text.size() || text[i] < '0' || text[i] > '9') throw bad("a rank number is missing");
+      int64_t v = 0;
+      while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+        v = v * 10 + (text[i++] - '0');
+        if (v > (int64_t{1} << 20)) throw bad("a rank number is too large");
+      }
+      return v;
+    };
+    while (true) {
+      const auto a = number();
+      auto b = a;
+      if (i < text.size() && text[i] == '-') {
+        ++i;
+        b = number();
+        if (b < a) throw bad(fmt::format("the range {}-{} runs backwards", a, b));
+      }
+      for (auto r = a; r <= b; ++r) out.push_back(r);
+      if (i == text.size()) break;
+      if (text[i] != ',') throw bad(fmt::format("'{}' is neither a digit, '-' nor ','", text[i]));
+      ++i;
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+
+  /// The ranks each key names in a group of `world` ranks, defaults filled in (the actor: all;
+  /// the others: the actor's).
+  [[nodiscard]] std::vector<int64_t> actor_ranks(int64_t world) const {
+    auto r = parse("actor");
+    if (r.empty()) {
+      for (int64_t k = 0; k < world; ++k) r.push_back(k);
+    }
+    return r;
+  }
+  [[nodiscard]] std::vector<int64_t> critic_ranks(int64_t world) const { return or_actor("critic", world); }
+  [[nodiscard]] std::vector<int64_t> reference_ranks(int64_t world) const { return or_actor("reference", world); }
+  [[nodiscard]] std::vector<int64_t> reward_ranks(int64_t world) const { return or_actor("reward", world); }
+
+  /// Throws hybridrl::Error (problem starting with the key: "reference = ...") when the map does not fit a
+  /// group of `world` ranks: a rank at or past `world`, an actor without rank 0, a critic apart
+  /// from the actor, a rank that holds no model; `online` false (DPO, KTO, SFT): the reference
+  /// must stay with the actor and there is no reward to place.
+  void check_world(int64_t world, bool online) const {
+    for (const auto* key : {"actor", "critic", "reference", "reward"}) {
+      for (const auto r : parse(key)) {
+        HYBRIDRL_CHECK(r < world,
+                       fmt::format("{} = \"{}\" names rank {}, but the process group has {} rank(s) (0-{})",
+                                   key, text(key), r, world, world - 1),
+                       fmt::format("name ranks below {} (launch more ranks, or shorten the list)", world));
+      }
+    }
+    const auto actor = actor_ranks(world);
+    HYBRIDRL_CHECK(actor.front() == 0,
+                   fmt::format("actor = \"{}\" leaves out rank 0, which writes the run's files", actor_),
+                   "put rank 0 in the actor's ranks (e.g. placement.actor = \"0-" + std::to_string(actor.size() - 1) + "\")");
+    HYBRIDRL_CHECK(critic_ranks(world) == actor,
+                   fmt::format("critic = \"{}\" is not the actor's ranks (\"{}\"): the critic trains on the "
+                               "actor's batches, on its ranks", critic_, actor_),
+                   "leave placement.critic unset (it follows placement.actor)");
+    std::set<int64_t> used(actor.begin(), actor.end());
+    const auto reference = reference_ranks(world), reward = reward_ranks(world);
+    if (!online) {
+      HYBRIDRL_CHECK(reference == actor,
+                     fmt::format("reference = \"{}\" is not the actor's ranks, which an offline algorithm "
+                                 "(DPO, KTO, SFT) does not support yet", reference_),
+                     "leave placement.reference unset: the reference is sharded over the actor's ranks as the policy is");
+      HYBRIDRL_CHECK(reward_.empty(), fmt::format("reward = \"{}\" but an offline algorithm has no reward", reward_),
+                     "leave placement.reward unset");
+    }
+    used.insert(reference.begin(), reference.end());
+    used.insert(reward.begin(), reward.end());
+    for (int64_t r = 0; r < world; ++r) {
+      HYBRIDRL_CHECK(used.count(r) != 0,
+                     fmt::format("actor = \"{}\", reference = \"{}\", reward = \"{}\" leave rank {} of {} without a model",
+                                 actor_, reference_, reward_, r, world),
+                     "give every rank a model (add it to placement.actor, .reference or .reward), or launch fewer ranks");
+    }
+  }
+
+ private:
+  [[nodiscard]] const std::string& text(const char* key) const {
+    const std::string k = key;
+    return k == "actor" ? actor_ : k == "critic" ? critic_ : k == "reference" ? reference_ : reward_;
+  }
+  [[nodiscard]] std::vector<int64_t> parse(const char* key) const {
+    try {
+      return parse_ranks(text(key));
+    } catch (const Error& e) {
+      throw Error(std::string(key) + " " + e.problem(), e.fix());
+    }
+  }
+  [[nodiscard]] std::vector<int64_t> or_actor(const char* key, int64_t world) const {
+    auto r = parse(key);
+    return r.empty() ? actor_ranks(world) : r;
   }
 };
 

@@ -181,11 +181,14 @@ inline std::shared_ptr<Communicator> connect_run_ranks(const RunDistributedOptio
 }
 
 /// The layout line a launched run prints at start (rank 0).
-inline std::string describe_ranks(const Communicator& comm, const LaunchEnvironment& launch, int64_t shard_group_size) {
-  const int64_t shards = shard_group_size < 0 ? comm.size() : shard_group_size;
-  return fmt::format("{} ranks ({}, {} backend): data parallel {}, Sharding<FSDP> over {} rank(s){}", comm.size(),
-                     launch.launcher, comm.backend(), comm.size(), shards,
-                     shards < comm.size() ? fmt::format(" x {} replicas (hybrid)", comm.size() / shards) : "");
+/// `actor`: the ranks the policy trains on (placement.actor; -1: all).
+inline std::string describe_ranks(const Communicator& comm, const LaunchEnvironment& launch, int64_t shard_group_size,
+                                  int64_t actor = -1) {
+  const int64_t dp = actor < 0 ? comm.size() : actor;
+  const int64_t shards = shard_group_size < 0 ? dp : shard_group_size;
+  return fmt::format("{} ranks ({}, {} backend): data parallel {}{}, Sharding<FSDP> over {} rank(s){}", comm.size(),
+                     launch.launcher, comm.backend(), dp, dp < comm.size() ? " (placement.actor)" : "", shards,
+                     shards < dp ? fmt::format(" x {} replicas (hybrid)", dp / shards) : std::string());
 }
 
 /// The whole configuration of a run of trainer type T: model.*, task.*, reward.* (online types),
@@ -571,7 +574,8 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   auto cfg = configure_run<T>(sources);  // not const: a launched rank's model.device names its GPU
   const auto launch = launched_ranks();
   const std::optional<int64_t> launched_world = launch ? std::optional<int64_t>(launch->world_size) : std::nullopt;
-  const T trainer(cfg.run(), launched_world);  // the geometry checked for the launch's world before anything loads
+  // the geometry and the placement checked for the launch's world (1 unlaunched) before anything loads
+  const T trainer(cfg.run(), launched_world.value_or(1));
   RunConfig<T> effective = cfg;
   effective.run(trainer.options());
   const bool lead = !launch || launch->rank == 0;  // prints and writes for the run
@@ -584,7 +588,8 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
     cfg.model().device(device);
     int64_t shard_group = -1;
     if constexpr (requires { cfg.run().sharding().shard_group_size(); }) shard_group = cfg.run().sharding().shard_group_size();
-    if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_ranks(*comm, *launch, shard_group).c_str());
+    const auto actor = static_cast<int64_t>(cfg.run().placement().actor_ranks(comm->size()).size());
+    if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_ranks(*comm, *launch, shard_group, actor).c_str());
   }
   // the tokenizer and the data before the weights: a bad data line fails in seconds, not after
   // a multi-gigabyte load
@@ -603,15 +608,33 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   parts.tokenizer_files = model.tokenizer_files;
   parts.run_config = to_json(effective);
   parts.comm = comm;
-  const std::optional<int64_t> world = comm ? std::optional<int64_t>(comm->size()) : std::nullopt;
+  const int64_t world = comm ? static_cast<int64_t>(comm->size()) : 1;
   FitResult r;
   if constexpr (T::has_rollout) {
     int64_t shard_group = -1;
     if constexpr (requires { cfg.run().sharding().shard_group_size(); }) shard_group = cfg.run().sharding().shard_group_size();
-    auto reward = make_run_reward(cfg.reward(), cfg.task(), cfg.model(), model.tokenizer, rewards, comm, shard_group);
+    // a reward model shards over the reward's ranks (placement.reward; default the actor's): as
+    // the policy does on the actor's, over all of its own ranks elsewhere
+    auto reward_comm = comm;
+    bool scores_here = true;
+    int64_t reward_ranks = comm ? comm->size() : 1;
+    if (comm && cfg.reward().name() == "model") {
+      const auto& pm = cfg.run().placement();
+      const auto ranks = pm.reward_ranks(comm->size());
+      if (ranks != pm.actor_ranks(comm->size())) shard_group = -1;
+      reward_comm = placement_group(comm, ranks);  // collective: every rank splits alike
+      scores_here = reward_comm != nullptr;
+      reward_ranks = static_cast<int64_t>(ranks.size());
+    }
+    BatchRewardFn reward = [](std::span<const RewardInput>) -> std::vector<double> {
+      throw Error("hybridrl train: a reward asked of a rank outside placement.reward", "report this as a bug");
+    };
+    if (scores_here) {
+      reward = make_run_reward(cfg.reward(), cfg.task(), cfg.model(), model.tokenizer, rewards, reward_comm, shard_group);
+    }
     if (lead && comm && cfg.reward().name() == "model") {
       std::fprintf(stderr, "hybridrl train: the reward model is sharded over %lld ranks\n",
-                   static_cast<long long>(shard_group < 0 ? comm->size() : shard_group));
+                   static_cast<long long>(shard_group < 0 || reward_ranks == 1 ? reward_ranks : shard_group));
     }
     parts.decode = run_decode(model.tokenizer);
     r = T(cfg.run(), world).fit(model.policy, data, std::move(reward), std::move(parts));

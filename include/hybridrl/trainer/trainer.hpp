@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -48,6 +49,7 @@
 #include "hybridrl/sharding/optimizer.hpp"
 #include "hybridrl/trainer/checkpoint.hpp"
 #include "hybridrl/trainer/options.hpp"
+#include "hybridrl/trainer/placement.hpp"
 #include "hybridrl/trainer/rules.hpp"
 #include "hybridrl/trainer/run_log.hpp"
 #include "hybridrl/trainer/scoring.hpp"
@@ -215,6 +217,11 @@ struct reference_of<S> {
   using type = std::remove_cvref_t<decltype(std::declval<const typename S::engine_type&>().make_reference())>;
 };
 
+/// Sharding descriptors that can place the frozen models on ranks of their own (placement.*):
+/// their reference is a ShardedFrozen<CausalLM>, which shards over any group of ranks.
+template <class S>
+concept places_models = std::is_same_v<typename reference_of<S>::type, ShardedFrozen<CausalLM>>;
+
 /// Engines that lay out a reference given to fit() (FitParts::reference) as their own:
 /// `engine.adopt_reference(CausalLM)` (Sharding<FSDP>: sharded over its shard groups).
 template <class E>
@@ -313,6 +320,7 @@ class Trainer {
     HYBRIDRL_ARG(rollout_options, rollout) = {};
     HYBRIDRL_ARG(loader_options, loader) = {};
     HYBRIDRL_ARG(BatchGeometry, geometry) = {};
+    HYBRIDRL_ARG(PlacementOptions, placement) = {};
 
     /// The field visitor (HYBRIDRL_FIELDS, except that an offline trainer has no rollout key and
     /// an algorithm without a critic no critic key).
@@ -327,6 +335,7 @@ class Trainer {
       if constexpr (has_rollout) f("rollout", self.rollout_);
       f("loader", self.loader_);
       f("geometry", self.geometry_);
+      f("placement", self.placement_);
     }
 
     /// Takes a whole geometry, e.g. `StaticBatch<64, 8, 8, 16, 4>::geometry()` (checked at compile
@@ -361,15 +370,23 @@ class Trainer {
     /// and sampling seeds from trainer.seed.
     /// A geometry world_size set by hand (not 1, e.g. by StaticBatch) must agree with
     /// `world_size`; without one, the geometry's is kept (a single process describing a run).
+    /// With a placement (placement.actor), the geometry's world is the actor's ranks: they
+    /// share each batch; the map is checked against `world_size` here, before any work.
     [[nodiscard]] Options resolved(std::optional<int64_t> world_size = std::nullopt) const {
-      HYBRIDRL_CHECK(!world_size || geometry_.world_size() == 1 ||
-                         geometry_.world_size() == *world_size,
-                     fmt::format("geometry.world_size = {} but the process group has {} rank(s)",
-                                 geometry_.world_size(), world_size.value_or(1)),
+      const int64_t world = world_size.value_or(1);
+      int64_t actors = world;
+      if (world_size) {
+        check_placement(world);
+        actors = static_cast<int64_t>(placement_.actor_ranks(world).size());
+      }
+      HYBRIDRL_CHECK(!world_size || geometry_.world_size() == 1 || geometry_.world_size() == actors,
+                     fmt::format("geometry.world_size = {} but the process group has {} rank(s){}",
+                                 geometry_.world_size(), world,
+                                 actors != world ? fmt::format(", {} of them the actor's", actors) : std::string()),
                      "leave geometry.world_size unset: the trainer reads it from the process "
                      "group (launch with as many ranks as you meant)");
       Options o = *this;
-      if (world_size) o.geometry_.world_size(*world_size);
+      if (world_size) o.geometry_.world_size(actors);
       o.geometry_ = o.effective_geometry();
       if constexpr (requires { o.loader_.batch_size(int64_t{1}); }) {
         o.loader_.batch_size(o.geometry_.train_batch_size());
@@ -381,6 +398,28 @@ class Trainer {
         o.rollout_.sampling().seed(derive_seed(trainer_.seed(), "sampling"));
       }
       return o;
+    }
+
+    /// Throws hybridrl::Error (problem starting with "placement.") when placement.* does not fit
+    /// a process group of `world` ranks (PlacementOptions::check_world), or places models apart
+    /// under a Sharding policy that cannot (only Sharding<FSDP> shards frozen models over any
+    /// group of ranks).
+    void check_placement(int64_t world) const {
+      try {
+        placement_.validate();
+        placement_.check_world(world, has_rollout);
+      } catch (const Error& e) {
+        throw Error("placement." + e.problem(), e.fix());
+      }
+      if constexpr (!detail::places_models<sharding_type>) {
+        const auto actor = placement_.actor_ranks(world);
+        HYBRIDRL_CHECK(static_cast<int64_t>(actor.size()) == world && placement_.reference_ranks(world) == actor &&
+                           placement_.reward_ranks(world) == actor,
+                       fmt::format("placement.* puts models on different ranks, but Sharding<{}> keeps every model "
+                                   "on the ranks of its own mesh", sharding_type::name),
+                       "use Sharding<FSDP> to place the reference or the reward on their own ranks, or leave "
+                       "placement.* unset");
+      }
     }
 
     /// Validates every part and the rules across axes; throws hybridrl::Error whose problem
@@ -396,6 +435,7 @@ class Trainer {
       detail::validate_member(sharding_, "sharding");
       if constexpr (has_rollout) detail::validate_member(rollout_, "rollout");
       detail::validate_member(loader_, "loader");
+      detail::validate_member(placement_, "placement");
       const BatchGeometry g = effective_geometry();
       // the mesh first: a tensor-parallel size that does not tile the world breaks the geometry too
       if constexpr (detail::checks_world<sharding_options>) {
@@ -590,10 +630,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   const auto& t = o.trainer();
   const auto& g = o.geometry();
   HYBRIDRL_CHECK(data != nullptr, "fit: no dataset given", "pass the training dataset");
-  // the data, from the checkpoint's position when resuming
+  // placement (placement.*): the actor's ranks train and generate; the reference's and the
+  // reward's ranks score. The sub-groups are split here, on every rank alike.
+  const auto pl = detail::make_placement(parts.comm, o.placement(), has_rollout);
+  // the data, from the checkpoint's position when resuming (a rank outside the actor needs no state)
   const auto resume = find_resume_checkpoint();
   std::optional<CheckpointData> ckpt;
-  if (resume) ckpt = CheckpointManager::load(*resume);
+  if (resume && pl.in_actor()) ckpt = CheckpointManager::load(*resume);
   std::optional<LoaderState> loader_state;
   if (ckpt) {
     HYBRIDRL_CHECK(ckpt->meta.contains("loader"), fmt::format("checkpoint '{}' has no loader position", *resume),
@@ -642,8 +685,69 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
   }
   const auto device = policy->parameters().front().device();
-  // several ranks: this rank's place, its share of each batch, the sharded engines
-  const auto& comm = parts.comm;
+  // the keys each model scores, and how the reference and the reward score a batch of rows
+  const auto reads = algorithm_type::loss_reads(o.algorithm());
+  const auto prepares = algorithm_type::prepare_reads(o.algorithm());
+  std::vector<Key> advantage_reads;
+  if constexpr (has_rollout) advantage_reads = algorithm_type::advantage_reads(o.algorithm());
+  LogProbOptions lp;
+  const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
+  auto score_reference = [&](const TensorBatch& rows) {  // by micro-batches (a sharded reference: collective)
+    std::map<std::string, std::vector<at::Tensor>> got;
+    for (const auto& micro : rows.split(g.micro_batch_size_per_gpu())) {
+      for (auto& [k, v] : score_micro(micro, ref_keys, detail::frozen_forward(*reference, lp))) got[k].push_back(v);
+    }
+    TensorBatch out;
+    for (auto& [k, v] : got) out.set(k, at::cat(v));
+    return out;
+  };
+  auto score_reward = [&](const TensorBatch& rows) {
+    TensorBatch out;
+    out.set(keys::scores.str(), detail::score_rollout(rows, reward, parts.decode));
+    return out;
+  };
+  const bool placed_reference = pl.reference_apart && (given_reference.has_value() || wants_reference);
+  const int64_t pad_id = policy->config().pad_token_id.value_or(0);
+  if constexpr (detail::places_models<sharding_type>) {
+    if (placed_reference) {  // sharded over its own ranks, from the policy as given (before the engine empties it)
+      if (pl.in_reference()) {
+        auto copy = given_reference ? std::move(*given_reference) : make_reference(policy);
+        if (pl.reference.size() == 1 && pl.actor.size() > 1) {
+          // the policy's layers run on weights gathered in param_dtype (not under autocast, as on
+          // one process): a reference on one rank gets its weights in that dtype too, so the two
+          // agree bit for bit while the policy has not moved (the buffers, RoPE's, stay as they are)
+          c10::NoGradGuard ng;
+          for (auto& p : copy->parameters()) p.set_data(p.to(o.sharding().param_dtype()));
+        }
+        reference.emplace(std::move(copy), pl.reference_comm, o.sharding().param_dtype());
+      }
+      given_reference.reset();
+    }
+  }
+  if (!pl.in_actor()) {  // a rank outside the actor scores what rank 0 sends until it says done
+    HYBRIDRL_CHECK(has_rollout, "placement: a rank outside the actor in an offline run", "leave placement.* unset");
+    while (true) {
+      const auto sig = detail::placed_signal(*pl.world, device);
+      const auto op = static_cast<detail::PlacedOp>(sig[0]);
+      if (op == detail::PlacedOp::done) {
+        FitResult served;
+        served.steps = sig[1];
+        served.resumed_from = sig[2];
+        return served;
+      }
+      HYBRIDRL_CHECK(op != detail::PlacedOp::abort,
+                     fmt::format("placement: rank {} scores for the actor's ranks, which stopped with an error",
+                                 pl.rank),
+                     "read rank 0's message: it names the problem");
+      if (op == detail::PlacedOp::reward) {
+        (void)detail::placed_exchange(nullptr, pl, pl.reward, score_reward, pad_id, true, device);
+      } else {
+        (void)detail::placed_exchange(nullptr, pl, pl.reference, score_reference, pad_id, false, device);
+      }
+    }
+  }
+  // several ranks: this rank's place in the actor, its share of each batch, the sharded engines
+  const auto& comm = pl.actor_comm;
   const int64_t world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   HYBRIDRL_CHECK(g.world_size() == world,
                  fmt::format("fit: the process group has {} rank(s) but the Trainer was built for world_size {}", world,
@@ -679,7 +783,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         at_policy_precision(*reference);
       }
       given_reference.reset();
-    } else if (wants_reference) {
+    } else if (wants_reference && !placed_reference) {
       reference.emplace(engine.make_reference());
     }
   }
@@ -753,6 +857,34 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   RunLog log(RunLog::Options{lead ? t.output_dir() : std::string(), total, step, t.log_every(), t.plot_every(),
                              t.tensorboard(), progress});
   if (progress != nullptr) std::fprintf(progress, "%s\n", describe().c_str());
+  if (progress != nullptr && (pl.has_servers() || pl.reference_apart || pl.reward_apart)) {
+    std::fprintf(progress, "placement: %s (ranks)\n", pl.describe().c_str());
+  }
+  // ranks outside the actor wait for rank 0's signals: when this rank leaves the loop with an error
+  // that is not an exchange's (which every rank throws together), tell them, so none waits forever
+  struct TellServers {
+    const detail::Placement& pl;
+    at::Device device;
+    bool told = false;
+    int exceptions = std::uncaught_exceptions();
+    ~TellServers() {
+      if (told || !pl.has_servers() || std::uncaught_exceptions() <= exceptions) return;
+      try {
+        detail::placed_signal(*pl.world, device, detail::PlacedOp::abort);
+      } catch (...) {  // the error on its way out says what went wrong
+      }
+    }
+  } tell_servers{pl, device};
+  auto exchange = [&](detail::PlacedOp op, const TensorBatch& mine, const std::vector<int64_t>& scorers,
+                      const std::function<TensorBatch(const TensorBatch&)>& score, bool columns) {
+    try {
+      if (pl.has_servers()) detail::placed_signal(*pl.world, device, op);
+      return detail::placed_exchange(&mine, pl, scorers, score, pad_id, columns, device);
+    } catch (const detail::PlacedError&) {
+      tell_servers.told = true;  // every rank, servers included, throws this one
+      throw;
+    }
+  };
   auto save = [&] {
     if (t.output_dir().empty()) return;
     // sharded: every rank gathers the state (collective), rank 0 writes it
@@ -768,12 +900,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     save_rng(tensors);
     result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
   };
-  const auto reads = algorithm_type::loss_reads(o.algorithm());
-  const auto prepares = algorithm_type::prepare_reads(o.algorithm());
-  std::vector<Key> advantage_reads;
-  if constexpr (has_rollout) advantage_reads = algorithm_type::advantage_reads(o.algorithm());
   const int64_t mini_rows = std::max<int64_t>(1, g.mini_batch_sequences_per_rank());
-  LogProbOptions lp;
   const auto loss_keys = scored_keys(KeySource::policy, {reads});
   const auto prepare_keys = scored_keys(KeySource::policy, {prepares});
   auto engine_forward = [&engine](const TensorBatch& rows) { return engine.forward(rows); };
@@ -841,7 +968,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
       // reward
       const auto w0 = clock::now();
-      const auto scores = detail::score_rollout(batch, reward, parts.decode);
+      const auto scores = pl.reward_apart
+                              ? exchange(detail::PlacedOp::reward, batch, pl.reward, score_reward, true).tensor(keys::scores)
+                              : detail::score_rollout(batch, reward, parts.decode);
       const auto finite = at::isfinite(scores);
       int64_t bad = (~finite).sum().template item<int64_t>();
       if (dp > 1) {  // every rank skips the step when any rank has a bad reward
@@ -879,16 +1008,11 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
     // the reference's scores of the whole batch, once per step
     double t_ref = 0;
-    if (reference && train) {
+    if ((reference || placed_reference) && train) {
       const auto r0 = clock::now();
-      const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
-      std::map<std::string, std::vector<at::Tensor>> got_keys;
-      for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
-        for (auto& [k, v] : score_micro(micro, ref_keys, detail::frozen_forward(*reference, lp))) {
-          got_keys[k].push_back(v);
-        }
-      }
-      for (auto& [k, v] : got_keys) batch.set(k, at::cat(v));
+      const auto got = placed_reference ? exchange(detail::PlacedOp::reference, batch, pl.reference, score_reference, false)
+                                        : score_reference(batch);
+      for (const auto& [k, v] : got.tensors()) batch.set(k, v);
       t_ref = std::chrono::duration<double>(clock::now() - r0).count();
     }
     if constexpr (has_rollout) {
@@ -1058,7 +1182,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
     if constexpr (requires { reference->local_parameter_elements(); }) {
       // the frozen reference's share on this rank (Sharding<FSDP>: its size / the shard count)
-      if (reference) m["sharding/reference_elements_per_rank"] = static_cast<double>(reference->local_parameter_elements());
+      // (placed on ranks of its own: 0 on an actor rank outside them, so every rank has the key)
+      if (reference || placed_reference) {
+        m["sharding/reference_elements_per_rank"] = reference ? static_cast<double>(reference->local_parameter_elements()) : 0.0;
+      }
     }
     // over the ranks: the loss hooks' metrics came reduced by their own rule (MetricAggregator); the
     // rest is the mean, times and memory the largest, tokens_per_s the sum
@@ -1069,6 +1196,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     if (parts.on_step) parts.on_step(step, result.last_metrics);
   }
   result.steps = step;
+  if (pl.has_servers()) {  // the ranks outside the actor are done
+    detail::placed_signal(*pl.world, device, detail::PlacedOp::done, step, result.resumed_from);
+    tell_servers.told = true;
+  }
   save();
   log.write_plot();
   if (world > 1) {  // sharded: the trained weights into the policy (and critic) on every rank, as on one process
