@@ -58,6 +58,21 @@ inline double dist_weights_rel(const CausalLM& a, const CausalLM& b) {
   }
   return worst;
 }
+// One process's run of `steps` GRPO steps on the fixture: the trained model and each step's metrics.
+struct OneProcessRun {
+  CausalLM model;
+  std::vector<std::map<std::string, double>> steps;
+};
+inline OneProcessRun one_process_grpo(int64_t steps, std::shared_ptr<const PromptDataset> prompts,
+                                      BatchRewardFn reward = dist_reward) {
+  OneProcessRun run{fit_fixture_model(), {}};
+  FitParts p;
+  p.progress = nullptr;
+  p.on_step = [&](int64_t, const std::map<std::string, double>& m) { run.steps.push_back(m); };
+  DistGRPO(dist_grpo_options(steps)).fit(run.model, std::move(prompts), std::move(reward), p);
+  REQUIRE(static_cast<int64_t>(run.steps.size()) == steps);
+  return run;
+}
 // Three steps of a multi-rank run against one process's: the same samples (seeds of the global
 // group ids), rewards, loss, gradient norm and KL.
 inline void check_steps_like(std::vector<std::map<std::string, double>>& steps,
@@ -85,12 +100,9 @@ TEST_SUITE("trainer/distributed") {
     auto prompts = fixture_prompts(tmp.path);
     FitParts quiet;
     quiet.progress = nullptr;
-    std::vector<std::map<std::string, double>> ref_steps;
-    FitParts ref_parts = quiet;
-    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
-    auto one = fit_fixture_model();
-    DistGRPO(dist_grpo_options(3)).fit(one, prompts, dist_reward, ref_parts);
-    REQUIRE(ref_steps.size() == 3);
+    auto run = one_process_grpo(3, prompts);
+    auto& one = run.model;
+    auto& ref_steps = run.steps;
     CHECK(dist_weights_rel(one, fit_fixture_model()) > 1e-3);  // training moved the weights
 
     for (const auto& backend : backends()) {
@@ -174,11 +186,10 @@ TEST_SUITE("trainer/distributed") {
     const auto rm_dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama_rm";
     FitParts quiet;
     quiet.progress = nullptr;
-    std::vector<std::map<std::string, double>> ref_steps, steps;
-    FitParts ref_parts = quiet;
-    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
-    auto one = fit_fixture_model();
-    DistGRPO(dist_grpo_options(2)).fit(one, prompts, reward_model_reward(load_reward_model(rm_dir), 4), ref_parts);
+    std::vector<std::map<std::string, double>> steps;
+    auto run = one_process_grpo(2, prompts, reward_model_reward(load_reward_model(rm_dir), 4));
+    auto& one = run.model;
+    auto& ref_steps = run.steps;
     std::mutex m;
     std::vector<double> rel(2, 1.0);
     std::vector<int64_t> rm_local(2), rm_total(2);
@@ -244,12 +255,9 @@ TEST_SUITE("trainer/distributed") {
     auto prompts = fixture_prompts(tmp.path);
     FitParts quiet;
     quiet.progress = nullptr;
-    std::vector<std::map<std::string, double>> ref_steps;
-    FitParts ref_parts = quiet;
-    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
-    auto one = fit_fixture_model();
-    DistGRPO(dist_grpo_options(2)).fit(one, prompts, dist_reward, ref_parts);
-    REQUIRE(ref_steps.size() == 2);
+    auto run = one_process_grpo(2, prompts);
+    auto& one = run.model;
+    auto& ref_steps = run.steps;
 
     struct Case {
       std::string backend;
@@ -344,6 +352,40 @@ TEST_SUITE("trainer/distributed") {
       CHECK(contains(e, "rank 2 (scoring for ranks 2): the grader is down"));
       CHECK(contains(e, "start the grader"));
     }
+  }
+
+  TEST_CASE("GRPO on 2 ranks: an epoch's short last batch that does not split over the ranks is refused before the first step") {
+    FitTempDir tmp("dist_short");
+    auto prompts = fixture_prompts(tmp.path, 9);  // batches of 4, 4 and 1 prompts
+    std::vector<std::string> errors(2);
+    std::vector<int> stepped(2, 0);
+    std::mutex m;
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p;
+      p.progress = nullptr;
+      p.comm = dist_borrowed(comm);
+      p.on_step = [&](int64_t, const std::map<std::string, double>&) { ++stepped[static_cast<size_t>(comm.rank())]; };
+      auto o = dist_grpo_options(3);
+      o.loader().epochs(1).drop_last(false);
+      const auto e = error_of([&] { DistGRPO(o, 2).fit(fit_fixture_model(), prompts, dist_reward, p); });
+      std::lock_guard<std::mutex> lock(m);
+      errors[static_cast<size_t>(comm.rank())] = e;
+    });
+    for (size_t r = 0; r < 2; ++r) {
+      CHECK(contains(errors[r], "data.train_batch_size = 4 leaves a last batch of 1 prompt(s) in each epoch of 9, "
+                                "which does not split over 2 generating ranks"));
+      CHECK(contains(errors[r], "loader.drop_last=true"));
+      CHECK(stepped[r] == 0);
+    }
+    // 2 steps end before the short batch: the run goes
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p;
+      p.progress = nullptr;
+      p.comm = dist_borrowed(comm);
+      auto o = dist_grpo_options(2);
+      o.loader().epochs(1).drop_last(false);
+      CHECK(DistGRPO(o, 2).fit(fit_fixture_model(), prompts, dist_reward, p).steps == 2);
+    });
   }
 
   TEST_CASE("placement: a map that does not fit the world is refused when the Trainer is built") {

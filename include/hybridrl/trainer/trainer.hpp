@@ -657,6 +657,18 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
                  fmt::format("trainer.total_steps = {} but loader.epochs = {} hold {} batches of data.train_batch_size "
                              "= {}", total, epochs, available, g.train_batch_size()),
                  "set loader.epochs=0 (endless), more epochs, or trainer.total_steps=0 (as many steps as the epochs hold)");
+  if constexpr (has_rollout && requires { o.loader().drop_last(); }) {
+    // an epoch's last batch, short of data.train_batch_size (loader.drop_last=false), must split
+    // over the generating ranks too: refused now, not when the run reaches it (every rank alike)
+    const auto generating = static_cast<int64_t>(pl.actor.size());
+    const int64_t rest = data->size() % g.train_batch_size();
+    HYBRIDRL_CHECK(o.loader().drop_last() || rest % generating == 0 || total < loader.batches_in_epoch(0),
+                   fmt::format("data.train_batch_size = {} leaves a last batch of {} prompt(s) in each epoch of {}, "
+                               "which does not split over {} generating ranks",
+                               g.train_batch_size(), rest, data->size(), generating),
+                   fmt::format("set loader.drop_last=true (the short batch is skipped), or give a dataset whose size "
+                               "leaves a multiple of {} prompts", generating));
+  }
   const int64_t minis = std::max<int64_t>(1, g.train_batch_size() / g.ppo_mini_batch_size());
   const int64_t optimizer_steps = total * g.ppo_epochs() * minis;
   // the reference before the policy changes (a resumed run gets the same one): the engine's,
