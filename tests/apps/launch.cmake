@@ -12,7 +12,8 @@
 # 5. GRPO scored by the fixture reward model (reward.name=model) on 2 ranks: the reward model is
 #    sharded over them (the layout says so) and the run trains its 2 steps.
 # 6. placement.actor=0-1, reference=2, reward=1-2 on 3 ranks trains its 2 steps; placement.reference=5
-#    on 2 ranks is refused before the tokenizer loads.
+#    on 2 ranks is refused before the tokenizer loads; a placed run's checkpoint resumes, its step 3 the
+#    uninterrupted run's.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run_cli rc_var err_var)
@@ -143,6 +144,32 @@ list(GET placed_lines 1 placed_last)
 if(NOT n_placed EQUAL 2 OR NOT placed_last MATCHES "\"reward_mean\":-?[0-9]" OR NOT placed_last MATCHES "\"kl\":")
   message(FATAL_ERROR "the placed run wrote ${n_placed} metrics lines, the last without reward_mean or kl: ${placed_last}")
 endif()
+# ... the placed run's checkpoint resumes (the scoring ranks load no state) and its third step is the
+# uninterrupted run's
+set(placed_args algorithm.name=grpo rollout.name=naive model.path=${FIXTURES}/models/llama
+  data.train_files=[${FIXTURES}/data/prompts.jsonl] trainer.save_model=false data.train_batch_size=2 rollout.n=4
+  rollout.max_new_tokens=6 geometry.ppo_mini_batch_size=2 geometry.micro_batch_size_per_gpu=4 optim.lr=1e-3
+  loader.epochs=0 loader.drop_last=true distributed.timeout_s=120 placement.actor=0-1 placement.reference=2
+  placement.reward=2)
+run_cli(rc err launch --nproc-per-node 3 -- train ${placed_args} trainer.total_steps=2 trainer.output_dir=${WORK}/placed2)
+run_cli(rc2 err2 launch --nproc-per-node 3 -- train ${placed_args} trainer.total_steps=3 trainer.output_dir=${WORK}/placed2)
+run_cli(rc3 err3 launch --nproc-per-node 3 -- train ${placed_args} trainer.total_steps=3 trainer.output_dir=${WORK}/placed3)
+if(NOT rc EQUAL 0 OR NOT rc2 EQUAL 0 OR NOT rc3 EQUAL 0 OR NOT err2 MATCHES "done, 3 steps \\(resumed from step 2\\)")
+  message(FATAL_ERROR "a placed run resumed (${rc}, ${rc2}, ${rc3}): ${err2}")
+endif()
+file(STRINGS ${WORK}/placed2/metrics.jsonl resumed_lines)
+file(STRINGS ${WORK}/placed3/metrics.jsonl straight_lines)
+list(GET resumed_lines 2 resumed_3)
+list(GET straight_lines 2 straight_3)
+string(REGEX MATCH "\"kl\":[^,}]*" resumed_kl "${resumed_3}")
+string(REGEX MATCH "\"kl\":[^,}]*" straight_kl "${straight_3}")
+string(REGEX MATCH "\"loss\":[^,}]*" resumed_loss "${resumed_3}")
+string(REGEX MATCH "\"loss\":[^,}]*" straight_loss "${straight_3}")
+if(resumed_kl STREQUAL "" OR NOT resumed_kl STREQUAL straight_kl OR NOT resumed_loss STREQUAL straight_loss)
+  message(FATAL_ERROR "the resumed placed run's step 3 (${resumed_kl} ${resumed_loss}) is not the uninterrupted "
+    "run's (${straight_kl} ${straight_loss})")
+endif()
+message(STATUS "a placed run resumed at step 2: step 3 ${resumed_kl} ${resumed_loss}, as the uninterrupted run's")
 run_cli(rc err launch --nproc-per-node 2 -- train ${args} trainer.total_steps=2 trainer.output_dir=${WORK}/badmap
   placement.reference=5)
 if(rc EQUAL 0 OR NOT err MATCHES "placement.reference = \"5\" names rank 5, but the process group has 2 rank\\(s\\)"
