@@ -142,6 +142,17 @@ inline TensorBatch travelling_rows(const TensorBatch& batch, bool columns) {
   return out;
 }
 
+/// `batch` (a rollout batch) padded to the longest prompt and response over the ranks of `comm`
+/// and all-gathered in rank order: every rank gets the group's rows (collective; on `dev`).
+inline TensorBatch gather_rollout_rows(const TensorBatch& batch, Communicator& comm, int64_t pad_id, at::Device dev) {
+  auto longest = at::tensor(std::vector<int64_t>{batch.tensor(keys::prompts).size(1), batch.tensor(keys::responses).size(1)},
+                            at::kLong)
+                     .to(dev);
+  comm.all_reduce(longest, ReduceOp::max);
+  longest = longest.to(at::kCPU);
+  return all_gather(pad_rollout_batch(batch, longest[0].item<int64_t>(), longest[1].item<int64_t>(), pad_id), comm, dev);
+}
+
 /// Step 1: every rank of the world gets the actor's whole rollout batch. `mine` is this actor
 /// rank's batch (nullptr off the actor).
 inline TensorBatch placed_whole(const TensorBatch* mine, const Placement& pl, int64_t pad_id, bool columns,
@@ -149,16 +160,7 @@ inline TensorBatch placed_whole(const TensorBatch* mine, const Placement& pl, in
   TensorBatch whole;
   if (mine != nullptr) {
     whole = travelling_rows(*mine, columns);
-    if (pl.actor_comm && pl.actor_comm->size() > 1) {
-      auto longest = at::tensor(std::vector<int64_t>{whole.tensor(keys::prompts).size(1),
-                                                      whole.tensor(keys::responses).size(1)},
-                                at::kLong)
-                         .to(dev);
-      pl.actor_comm->all_reduce(longest, ReduceOp::max);
-      longest = longest.to(at::kCPU);
-      whole = pad_rollout_batch(whole, longest[0].item<int64_t>(), longest[1].item<int64_t>(), pad_id);
-      whole = all_gather(whole, *pl.actor_comm, dev);
-    }
+    if (pl.actor_comm && pl.actor_comm->size() > 1) whole = gather_rollout_rows(whole, *pl.actor_comm, pad_id, dev);
   }
   if (pl.has_servers()) whole = broadcast(whole, *pl.world, 0, dev);
   return whole.to(dev);

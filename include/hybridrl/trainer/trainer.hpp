@@ -960,16 +960,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       const auto rs = rollout->stats();
       step_tokens = rs.prompt_tokens + rs.generated_tokens;
       if (shared_batches) {  // the group's shares, padded to their longest prompt and response, in rank order
-        auto lens = at::tensor(std::vector<int64_t>{batch.tensor(keys::prompts).size(1),
-                                                     batch.tensor(keys::responses).size(1), step_tokens},
-                               at::kLong);
-        auto longest = lens.narrow(0, 0, 2).clone(), tokens = lens.narrow(0, 2, 1).clone();
-        tp_comm->all_reduce(longest, ReduceOp::max);
+        auto tokens = at::tensor(std::vector<int64_t>{step_tokens}, at::kLong).to(device);
         tp_comm->all_reduce(tokens, ReduceOp::sum);
-        step_tokens = tokens.item<int64_t>();
-        batch = pad_rollout_batch(batch, longest[0].item<int64_t>(), longest[1].item<int64_t>(),
-                                  policy->config().pad_token_id.value_or(0));
-        batch = all_gather(batch, *tp_comm).to(device);
+        step_tokens = tokens.to(at::kCPU).item<int64_t>();
+        batch = detail::gather_rollout_rows(batch, *tp_comm, pad_id, device);
       }
       if constexpr (requires { o.rollout().free_cache_engine(); }) {
         if (o.rollout().free_cache_engine()) {
