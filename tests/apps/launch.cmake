@@ -14,6 +14,8 @@
 # 6. placement.actor=0-1, reference=2, reward=1-2 on 3 ranks trains its 2 steps; placement.reference=5
 #    on 2 ranks is refused before the tokenizer loads; a placed run's checkpoint resumes, its step 3 the
 #    uninterrupted run's.
+# 7. trainer.checkpoint_format=sharded on 2 ranks: a shard file per rank (and the HF weights on
+#    request); one process resumes it.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run_cli rc_var err_var)
@@ -176,3 +178,26 @@ if(rc EQUAL 0 OR NOT err MATCHES "placement.reference = \"5\" names rank 5, but 
    OR err MATCHES "tokenizer")
   message(FATAL_ERROR "placement.reference=5 on 2 ranks: expected a refusal before the tokenizer loads (${rc}): ${err}")
 endif()
+
+# 7. trainer.checkpoint_format=sharded on 2 processes: each rank writes its own shard file into the
+#    directory rank 0 made (checkpoint_hf_weights adds the full weights); one process resumes it
+run_cli(rc err launch --nproc-per-node 2 -- train ${args} trainer.total_steps=2 trainer.output_dir=${WORK}/sharded
+  trainer.checkpoint_format=sharded trainer.checkpoint_hf_weights=true)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "2 ranks with trainer.checkpoint_format=sharded (${rc}): ${err}")
+endif()
+foreach(f shard_00000-of-00002.safetensors shard_00001-of-00002.safetensors model.safetensors config.json
+    trainer_state.json trainer_state.safetensors)
+  if(NOT EXISTS ${WORK}/sharded/checkpoints/step_00000002/${f})
+    message(FATAL_ERROR "the sharded checkpoint of 2 ranks has no ${f}")
+  endif()
+endforeach()
+file(READ ${WORK}/sharded/checkpoints/step_00000002/trainer_state.json sharded_state)
+if(NOT sharded_state MATCHES "\"checkpoint_format\": \"sharded\"")
+  message(FATAL_ERROR "trainer_state.json does not say sharded: ${sharded_state}")
+endif()
+run_cli(rc err train ${args} trainer.total_steps=3 trainer.output_dir=${WORK}/sharded)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "resumed from step 2")
+  message(FATAL_ERROR "one process did not resume the 2-rank sharded checkpoint (${rc}): ${err}")
+endif()
+message(STATUS "a sharded checkpoint of 2 processes resumed on one")

@@ -3,13 +3,20 @@
 // process training on the whole batch (fp32, the same steps: gradient norms, the weights after
 // three steps with two micro-batches each, with and without recompute, full and hybrid
 // sharding); a rank stores 1/world of the parameters and of the AdamW state; export_weights hands
-// every rank the full weights bit for bit; state_dict resumes bit for bit; errors.
+// every rank the full weights bit for bit; state_dict resumes bit for bit; a sharded checkpoint
+// (each rank its pieces, nothing gathered) reads back bit for bit and resumes on 1, 2 and 4 ranks
+// (full and hybrid sharding); damaged shards and a rank that cannot write are named; errors.
 
 #include <hybridrl/model/pretrained.hpp>
 #include <hybridrl/sharding/fsdp.hpp>
+#include <hybridrl/trainer/checkpoint.hpp>
+
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -157,5 +164,159 @@ TEST_SUITE("sharding/fsdp_sharded") {
     CHECK(contains(error_of([&] { resumed.load_state_dict(bad); }), "'model.model.norm.weight' has shape [3]"));
     CHECK(contains(error_of([] { FSDPEngine(sharded_fixture(), FSDPOptions{}, OptimizerOptions{}, 10, 2); }),
                    "a group of 2 ranks needs their Communicator"));
+  }
+
+  TEST_CASE("sharded checkpoint: 2 ranks write their pieces, nothing gathered; read back bit for bit; resumed on 1, 2 and 4 ranks") {
+    namespace fs = std::filesystem;
+    const auto dir = (fs::temp_directory_path() / ("hybridrl_shards_" + std::to_string(::getpid()))).string();
+    io::detail::remove_tree(dir);
+    struct Cleanup {
+      std::string d;
+      ~Cleanup() { io::detail::remove_tree(d); }
+    } cleanup{dir};
+    const auto optim = OptimizerOptions{}.lr(1e-2);
+    const auto opts = FSDPOptions{}.param_dtype(at::kFloat);
+    FSDPEngine one(sharded_fixture(), opts, optim, 10);
+    (void)train_three(one, 0, 8);
+    (void)train_three(one, 0, 8);
+    const auto one_after = exported(one);
+    StateDict two_state;  // the 2-rank state gathered, to compare with what the pieces give back
+    std::vector<int64_t> piece_elements(2), local(2);
+    std::string path;
+    std::mutex m;
+    run_on("thread", 2, [&](Communicator& comm) {
+      FSDPEngine e(sharded_fixture(), opts, optim, 10, borrowed(comm));
+      (void)train_three(e, comm.rank() * 4, 4);
+      auto full = e.state_dict();
+      const auto mine = e.sharded_state();  // no collective: this rank's slices, cut at parameter bounds
+      int64_t n = 0;
+      for (const auto& [k, t] : mine.pieces) {
+        if (k.first.rfind("model.", 0) == 0) n += t.numel();
+      }
+      std::optional<CheckpointManager> lead;
+      if (comm.rank() == 0) lead.emplace(dir, 2);
+      const auto p = CheckpointManager::save_sharded(lead ? &*lead : nullptr, &comm, at::kCPU, 3, mine, mine.whole,
+                                                     nlohmann::json{{"note", "test"}});
+      std::lock_guard<std::mutex> lock(m);
+      piece_elements[static_cast<size_t>(comm.rank())] = n;
+      local[static_cast<size_t>(comm.rank())] = e.local_parameter_elements();
+      CHECK(p == dir + "/step_00000003");
+      if (comm.rank() == 0) two_state = std::move(full), path = p;
+    });
+    // one file per rank, each the rank's share of the weights (its slices without the padding)
+    CHECK(fs::exists(path + "/shard_00000-of-00002.safetensors"));
+    CHECK(fs::exists(path + "/shard_00001-of-00002.safetensors"));
+    CHECK_FALSE(fs::exists(path + "/model.safetensors"));
+    CHECK(piece_elements[0] + piece_elements[1] == one.total_parameter_elements());
+    for (size_t r = 0; r < 2; ++r) {
+      CHECK(piece_elements[r] <= local[r]);
+      CHECK(piece_elements[r] >= local[r] - 3);  // 3 units, each padded by at most 1 element
+    }
+    const auto d = CheckpointManager::load(path);
+    REQUIRE(d.sharded != nullptr);
+    CHECK(d.step == 3);
+    CHECK(d.meta["note"] == "test");
+    CHECK(d.sharded->files() == 2);
+    const auto src = d.source();
+    // every tensor of the gathered state, bit for bit, read across the two files
+    for (const auto& [k, v] : two_state) {
+      CAPTURE(k);
+      CHECK(at::equal(src->full(k), v));
+    }
+    CHECK(src->keys().size() == two_state.size());
+    // a range across the files' boundary: the embedding's elements around rank 1's first one
+    const auto emb = two_state.at("model.model.embed_tokens.weight").reshape({-1});
+    CHECK(at::equal(src->read("model.model.embed_tokens.weight", 5, emb.numel() - 10), emb.narrow(0, 5, emb.numel() - 10)));
+    auto close_to_one = [&](const std::map<std::string, at::Tensor>& w) { return worst_rel(w, one_after); };
+    // resumed on one process, on 4 ranks and on 4 ranks sharded in groups of 2: the same run
+    FSDPEngine resumed(sharded_fixture(), opts, optim, 10);
+    resumed.load_state(*src);
+    (void)train_three(resumed, 0, 8);
+    CHECK(close_to_one(exported(resumed)) <= 1e-5);
+    for (const int64_t group : {int64_t{-1}, int64_t{2}}) {
+      CAPTURE(group);
+      std::vector<double> rel(4, 1.0);
+      std::vector<size_t> files(4, 0);
+      const auto again = dir + "/g" + std::to_string(group);
+      run_on("thread", 4, [&](Communicator& comm) {
+        FSDPEngine e(sharded_fixture(), FSDPOptions(opts).shard_group_size(group), optim, 10, borrowed(comm));
+        e.load_state(*src);
+        // written again by these 4 ranks: sharded in groups of 2, the first replica alone writes
+        std::optional<CheckpointManager> lead;
+        if (comm.rank() == 0) lead.emplace(again, 1);
+        const auto mine = e.sharded_state();
+        const auto p = CheckpointManager::save_sharded(lead ? &*lead : nullptr, &comm, at::kCPU, 3, mine, mine.whole, {});
+        const auto back = CheckpointManager::load(p);
+        (void)train_three(e, comm.rank() * 2, 2);
+        const auto w = close_to_one(exported(e));
+        std::lock_guard<std::mutex> lock(m);
+        rel[static_cast<size_t>(comm.rank())] = w;
+        files[static_cast<size_t>(comm.rank())] = back.sharded->files();
+      });
+      for (size_t r = 0; r < 4; ++r) {
+        CHECK(rel[r] <= 1e-5);
+        CHECK(files[r] == (group == 2 ? 2u : 4u));
+      }
+      const auto back = CheckpointManager::load(again + "/step_00000003");
+      for (const auto& [k, v] : two_state) CHECK(at::equal(back.source()->full(k), v));
+    }
+
+    // damage: each is an Error naming the file or tensor, before anything loads
+    auto damaged = [&](const std::string& name, const std::function<void(const std::string&)>& harm) {
+      const auto copy = dir + "/" + name + "/step_00000003";
+      fs::create_directories(dir + "/" + name);
+      fs::copy(path, copy, fs::copy_options::recursive);
+      harm(copy);
+      return error_of([&] { (void)CheckpointManager::load(copy); });
+    };
+    CHECK(contains(damaged("missing", [](const std::string& c) { fs::remove(c + "/shard_00001-of-00002.safetensors"); }),
+                   "has no shard_00001-of-00002.safetensors"));
+    CHECK(contains(damaged("truncated",
+                           [](const std::string& c) {
+                             fs::resize_file(c + "/shard_00000-of-00002.safetensors",
+                                             fs::file_size(c + "/shard_00000-of-00002.safetensors") - 8);
+                           }),
+                   "shard_00000-of-00002.safetensors"));
+    CHECK(contains(damaged("grown",
+                           [](const std::string& c) {
+                             auto j = nlohmann::json::parse(std::ifstream(c + "/trainer_state.json"));
+                             j["shards"]["shapes"]["model.model.norm.weight"] = {65};
+                             std::ofstream(c + "/trainer_state.json") << j.dump();
+                           }),
+                   "elements [64, 65) of 'model.model.norm.weight' are in none of its 2 shard files"));
+    CHECK(contains(damaged("unlisted",
+                           [](const std::string& c) {
+                             auto j = nlohmann::json::parse(std::ifstream(c + "/trainer_state.json"));
+                             j["shards"]["shapes"].erase("model.model.norm.weight");
+                             std::ofstream(c + "/trainer_state.json") << j.dump();
+                           }),
+                   "a piece of 'model.model.norm.weight', which the index does not list"));
+    // another model's shapes: the engine refuses before anything changes
+    CHECK(contains(error_of([&] {
+                     FSDPEngine e(sharded_fixture(), opts, optim, 10);
+                     StateDict s = two_state;
+                     s["model.model.norm.weight"] = at::zeros({3});
+                     e.load_state(StateDictSource(s));
+                   }),
+                   "'model.model.norm.weight' has shape [3] in the state, the model [64]"));
+
+    // a rank that cannot write its part: every rank throws, no step is written, no temporary stays
+    std::vector<std::string> errors(2);
+    run_on("thread", 2, [&](Communicator& comm) {
+      ShardedState mine;
+      mine.shapes["x"] = {4};
+      mine.pieces[{"x", comm.rank() * 2}] =
+          comm.rank() == 1 ? at::zeros({2}, at::kComplexFloat) : at::zeros({2});  // no safetensors dtype
+      std::optional<CheckpointManager> lead;
+      if (comm.rank() == 0) lead.emplace(dir, 2);
+      const auto e = error_of([&] { (void)CheckpointManager::save_sharded(lead ? &*lead : nullptr, &comm, at::kCPU, 4, mine, {}, {}); });
+      std::lock_guard<std::mutex> lock(m);
+      errors[static_cast<size_t>(comm.rank())] = e;
+    });
+    CHECK(contains(errors[0], "checkpoint step 4 was not written: rank(s) 1 could not write their part"));
+    CHECK_FALSE(errors[1].empty());
+    CHECK_FALSE(fs::exists(dir + "/step_00000004"));
+    for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().filename().string().find(io::kTempMarker) == std::string::npos);
+    CHECK(CheckpointManager(dir, 2).latest() == std::optional<std::string>(path));
   }
 }

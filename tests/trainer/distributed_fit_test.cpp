@@ -180,6 +180,86 @@ TEST_SUITE("trainer/distributed") {
     CHECK(dist_weights_rel(resumed, one) <= 1e-5);
   }
 
+  TEST_CASE("GRPO on 2 ranks, trainer.checkpoint_format=sharded: a file per rank, HF weights on request; resumed on 1 and on 4 as the uninterrupted run") {
+    namespace fs = std::filesystem;
+    FitTempDir tmp("dist_shards");
+    auto prompts = fixture_prompts(tmp.path);
+    FitParts quiet;
+    quiet.progress = nullptr;
+    auto run = one_process_grpo(3, prompts);
+    const auto out = tmp.path + "/two";
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      auto o = dist_grpo_options(2);
+      o.trainer().output_dir(out).save_every(1).checkpoint_format("sharded").checkpoint_hf_weights(true);
+      DistGRPO(o, 2).fit(fit_fixture_model(), prompts, dist_reward, p);
+    });
+    const auto step2 = out + "/checkpoints/step_00000002";
+    for (const char* f : {"shard_00000-of-00002.safetensors", "shard_00001-of-00002.safetensors", "model.safetensors",
+                          "config.json", "trainer_state.json", "trainer_state.safetensors"}) {
+      CAPTURE(f);
+      CHECK(fs::exists(step2 + "/" + f));
+    }
+    CHECK(fs::exists(out + "/checkpoints/step_00000001/shard_00001-of-00002.safetensors"));  // keep_last = 2
+    // the HF weights are the full weights the shards hold, bit for bit, and load as a model
+    const auto d = CheckpointManager::load(step2);
+    REQUIRE(d.sharded != nullptr);
+    const auto hf = load_safetensors(step2 + "/model.safetensors");
+    CHECK(hf.size() == fit_fixture_model()->named_parameters().size());
+    for (const auto& [k, v] : hf) {
+      CAPTURE(k);
+      CHECK(at::equal(d.source()->full("model." + k), v));
+    }
+    CHECK(dist_weights_rel(load_causal_lm(step2), load_causal_lm(out + "/model")) == 0);  // the run's last step
+    // resumed on 4 ranks sharded in pairs (the first pair writes step 3) and on one process
+    // (checkpoint_format=full reads it too): both end where the uninterrupted run does
+    const auto out4 = tmp.path + "/four";
+    fs::copy(out, out4, fs::copy_options::recursive);
+    std::vector<double> rel4(4, 1.0);
+    std::vector<int64_t> from4(4, -1);
+    std::mutex m4;
+    run_on("thread", 4, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      auto o = dist_grpo_options(3);
+      o.trainer().output_dir(out4).checkpoint_format("sharded");
+      o.sharding().shard_group_size(2);
+      auto policy = fit_fixture_model();
+      const auto r = DistGRPO(o, 4).fit(policy, prompts, dist_reward, p);
+      const auto w = dist_weights_rel(policy, run.model);
+      std::lock_guard<std::mutex> lock(m4);
+      rel4[static_cast<size_t>(comm.rank())] = w;
+      from4[static_cast<size_t>(comm.rank())] = r.resumed_from;
+    });
+    for (size_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      CHECK(from4[k] == 2);
+      CHECK(rel4[k] <= 1e-5);
+    }
+    CHECK(CheckpointManager::load(out4 + "/checkpoints/step_00000003").sharded->files() == 2);
+    CHECK_FALSE(fs::exists(out4 + "/checkpoints/step_00000003/model.safetensors"));
+    auto resumed = fit_fixture_model();
+    auto o = dist_grpo_options(3);
+    o.trainer().output_dir(out);
+    const auto r = DistGRPO(o).fit(resumed, prompts, dist_reward, quiet);
+    CHECK(r.resumed_from == 2);
+    CHECK(dist_weights_rel(resumed, run.model) <= 1e-5);
+    CHECK(fs::exists(out + "/checkpoints/step_00000003/model.safetensors"));  // written full, as asked
+    // refused: a format that does not exist, HF weights a full checkpoint has anyway, and a
+    // Sharding policy that writes full checkpoints only
+    auto bad = dist_grpo_options(3);
+    bad.trainer().checkpoint_format("dcp");
+    CHECK(contains(error_of([&] { DistGRPO(bad, 2); }), "trainer.checkpoint_format = 'dcp' is not a format"));
+    bad.trainer().checkpoint_format("full").checkpoint_hf_weights(true);
+    CHECK(contains(error_of([&] { DistGRPO(bad, 2); }), "checkpoint_hf_weights = true with checkpoint_format = full"));
+    using TPGRPO = Trainer<Algorithm<GRPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>;
+    auto tp = online_fit_options<TPGRPO>(3, 3);
+    tp.trainer().checkpoint_format("sharded");
+    CHECK(contains(error_of([&] { TPGRPO(tp, 2); }),
+                   "trainer.checkpoint_format = sharded, but Sharding<TP3D> writes full checkpoints only"));
+  }
+
   TEST_CASE("GRPO on 2 ranks scored by a reward model sharded over them fits as one process with the whole reward model") {
     FitTempDir tmp("dist_rm");
     auto prompts = fixture_prompts(tmp.path);

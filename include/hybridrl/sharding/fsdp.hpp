@@ -20,6 +20,8 @@
 #include <fmt/ranges.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -40,6 +42,7 @@
 #include "hybridrl/sharding/fsdp_units.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
 #include "hybridrl/sharding/score_batch.hpp"
+#include "hybridrl/sharding/sharded_state.hpp"
 #include "hybridrl/sharding/weight_spec.hpp"
 #include "hybridrl/sharding/weights.hpp"
 
@@ -256,51 +259,108 @@ class BasicFSDPEngine {
     }
     return s;
   }
+  /// This rank's part of the state, under state_dict's keys, gathering nothing (no collective):
+  /// sharded, the pieces of each parameter and AdamW moment its slices cover (the first replica
+  /// of hybrid sharding alone writes them; the others hold none), the step counts whole; on one
+  /// process every tensor as one piece. A sharded checkpoint (trainer.checkpoint_format=sharded)
+  /// writes it as one file per rank; load_state() reads it back on any number of ranks.
+  [[nodiscard]] ShardedState sharded_state() const {
+    ShardedState out;
+    auto piece = [&](const std::string& key, int64_t start, const at::Tensor& t) {
+      out.pieces.emplace(std::pair(key, start), t.detach().reshape({-1}));
+    };
+    if (!sh_) {
+      for (const auto& p : model_->named_parameters()) {
+        out.shapes["model." + p.key()] = p.value().sizes().vec();
+        piece("model." + p.key(), 0, p.value());
+      }
+      for (auto& [k, v] : optimizer_->state_dict("optimizer.")) {
+        const bool moment = k.size() > 7 && (k.ends_with(".exp_avg") || k.ends_with(".exp_avg_sq"));
+        if (moment) {
+          out.shapes[k] = v.sizes().vec();
+          piece(k, 0, v);
+        } else {
+          out.whole[k] = v;
+        }
+      }
+      return out;
+    }
+    const auto opt = optimizer_->state_dict("");
+    out.whole["optimizer.step"] = opt.at("step");
+    out.whole["optimizer.skipped"] = opt.at("skipped");
+    const auto& g = sh_->groups;
+    const bool writes = !g.replicate || g.replicate->rank() == 0;
+    const int64_t r = g.shard ? g.shard->rank() : 0;
+    for (size_t ui = 0; ui < sh_->units.size(); ++ui) {
+      const auto& u = sh_->units[ui];
+      const int64_t part = u.padded / g.shards(), lo0 = r * part;
+      const auto key = std::to_string(ui) + ".";
+      const bool stepped = opt.count(key + "exp_avg") > 0;
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        const auto m = "optimizer." + std::to_string(u.index[i]) + ".";
+        out.shapes["model." + u.names[i]] = u.shapes[i];
+        if (stepped) {
+          out.shapes[m + "exp_avg"] = u.shapes[i];
+          out.shapes[m + "exp_avg_sq"] = u.shapes[i];
+          out.whole[m + "step"] = opt.at(key + "step");
+        }
+        if (!writes) continue;
+        const int64_t lo = std::max(lo0, u.offsets[i]);
+        const int64_t hi = std::min(lo0 + part, u.offsets[i] + detail::fsdp::numel_of(u.shapes[i]));
+        if (lo >= hi) continue;
+        piece("model." + u.names[i], lo - u.offsets[i], u.slice.narrow(0, lo - lo0, hi - lo));
+        if (stepped) {
+          piece(m + "exp_avg", lo - u.offsets[i], opt.at(key + "exp_avg").narrow(0, lo - lo0, hi - lo));
+          piece(m + "exp_avg_sq", lo - u.offsets[i], opt.at(key + "exp_avg_sq").narrow(0, lo - lo0, hi - lo));
+        }
+      }
+    }
+    return out;
+  }
+
   /// Restores what state_dict wrote, on one process or sharded, whatever the number of ranks that
   /// wrote it (each rank keeps its slices). Everything is checked before anything changes.
-  void load_state_dict(const StateDict& s) {
+  void load_state_dict(const StateDict& s) { load_state(StateDictSource(s)); }
+
+  /// Restores a state from `src` (a StateDict, or a sharded checkpoint written by any number of
+  /// ranks): sharded, each rank reads only the ranges its slices cover. Everything is checked
+  /// before anything changes.
+  void load_state(const StateSource& src) {
     c10::NoGradGuard g;
-    auto model_tensor = [&](const std::string& name, const std::vector<int64_t>& shape) -> const at::Tensor& {
-      auto it = s.find("model." + name);
-      HYBRIDRL_CHECK(it != s.end(), fmt::format("Sharding<FSDP>.load_state_dict: the state has no 'model.{}'", name),
-                     "load a checkpoint of a model with the same config");
-      HYBRIDRL_CHECK(it->second.sizes() == at::IntArrayRef(shape),
-                     fmt::format("Sharding<FSDP>.load_state_dict: 'model.{}' has shape [{}], the model [{}]", name,
-                                 fmt::join(it->second.sizes(), ", "), fmt::join(shape, ", ")),
-                     "load a checkpoint of a model with the same config");
-      return it->second;
-    };
+    constexpr const char* what = "Sharding<FSDP>.load_state_dict";
     if (sh_) {
       auto& units = sh_->units;
+      const auto& groups = sh_->groups;
+      const int64_t r = groups.shard ? groups.shard->rank() : 0;
+      // this rank's slice of unit u, from the tensors key(i) of its parameters
+      auto slice_from = [&](const detail::fsdp::Unit& u, const std::function<std::string(size_t)>& key) {
+        const int64_t part = u.padded / groups.shards(), lo0 = r * part;
+        at::Tensor out = at::zeros({part}, u.slice.options().requires_grad(false));
+        for (size_t i = 0; i < u.params.size(); ++i) {
+          const int64_t lo = std::max(lo0, u.offsets[i]);
+          const int64_t hi = std::min(lo0 + part, u.offsets[i] + detail::fsdp::numel_of(u.shapes[i]));
+          if (lo < hi) out.narrow(0, lo - lo0, hi - lo).copy_(src.read(key(i), lo - u.offsets[i], hi - lo));
+        }
+        return out;
+      };
       std::vector<at::Tensor> slices;
       std::map<std::string, at::Tensor> opt;
-      auto need = [&](const std::string& k) -> const at::Tensor& {
-        auto it = s.find(k);
-        HYBRIDRL_CHECK(it != s.end(), fmt::format("Sharding<FSDP>.load_state_dict: the state has no '{}'", k),
-                       "load a state written by Sharding<FSDP>'s state_dict for the same model");
-        return it->second;
-      };
-      opt["step"] = need("optimizer.step");
-      opt["skipped"] = need("optimizer.skipped");
+      opt["step"] = src.full("optimizer.step", "load a state written by Sharding<FSDP> for the same model");
+      opt["skipped"] = src.full("optimizer.skipped", "load a state written by Sharding<FSDP> for the same model");
       for (size_t ui = 0; ui < units.size(); ++ui) {
         const auto& u = units[ui];
-        std::vector<at::Tensor> w, m, v;
-        for (size_t i = 0; i < u.params.size(); ++i) w.push_back(model_tensor(u.names[i], u.shapes[i]));
-        slices.push_back(detail::fsdp::slice_of(u, sh_->groups, w));
-        const auto first = "optimizer." + std::to_string(u.index.front()) + ".";
-        if (s.count(first + "exp_avg") == 0) continue;
+        auto moment = [&](size_t i, const char* m) { return "optimizer." + std::to_string(u.index[i]) + "." + m; };
+        for (size_t i = 0; i < u.params.size(); ++i) detail::check_state_shape(src, "model." + u.names[i], u.shapes[i], what);
+        slices.push_back(slice_from(u, [&](size_t i) { return "model." + u.names[i]; }));
+        if (!src.contains(moment(0, "exp_avg"))) continue;  // never stepped
         for (size_t i = 0; i < u.params.size(); ++i) {
-          const auto k = "optimizer." + std::to_string(u.index[i]) + ".";
-          m.push_back(need(k + "exp_avg"));
-          v.push_back(need(k + "exp_avg_sq"));
-          HYBRIDRL_CHECK(m.back().sizes() == at::IntArrayRef(u.shapes[i]) && v.back().sizes() == at::IntArrayRef(u.shapes[i]),
-                         fmt::format("Sharding<FSDP>.load_state_dict: the AdamW state of '{}' has another shape", u.names[i]),
-                         "load a checkpoint of a model with the same config");
+          detail::check_state_shape(src, moment(i, "exp_avg"), u.shapes[i], what);
+          detail::check_state_shape(src, moment(i, "exp_avg_sq"), u.shapes[i], what);
         }
         const auto key = std::to_string(ui) + ".";
-        opt[key + "exp_avg"] = detail::fsdp::slice_of(u, sh_->groups, m);
-        opt[key + "exp_avg_sq"] = detail::fsdp::slice_of(u, sh_->groups, v);
-        opt[key + "step"] = need(first + "step");
+        opt[key + "exp_avg"] = slice_from(u, [&](size_t i) { return moment(i, "exp_avg"); });
+        opt[key + "exp_avg_sq"] = slice_from(u, [&](size_t i) { return moment(i, "exp_avg_sq"); });
+        opt[key + "step"] = src.full(moment(0, "step"), "load a state written by Sharding<FSDP> for the same model");
       }
       optimizer_->load_state_dict(opt, "");
       for (size_t ui = 0; ui < units.size(); ++ui) {
@@ -310,9 +370,13 @@ class BasicFSDPEngine {
       return;
     }
     auto params = model_->named_parameters();
-    for (auto& p : params) (void)model_tensor(p.key(), p.value().sizes().vec());  // all checked first
+    for (auto& p : params) detail::check_state_shape(src, "model." + p.key(), p.value().sizes().vec(), what);  // all checked first
+    StateDict s;
+    for (const auto& k : src.keys()) {
+      if (k.rfind("optimizer.", 0) == 0) s.emplace(k, src.full(k));
+    }
     optimizer_->load_state_dict(s, "optimizer.");
-    for (auto& p : params) p.value().copy_(s.at("model." + p.key()));
+    for (auto& p : params) p.value().copy_(src.full("model." + p.key()));
   }
 
   /// The weights for `spec` (full or a tensor-parallel shard, in its dtype), bucket by bucket.

@@ -11,33 +11,190 @@
 /// run killed while writing leaves the previous checkpoint whole (and a temporary directory that
 /// the next CheckpointManager removes). Older checkpoints beyond keep_last are removed after a
 /// newer one is complete.
+///
+/// A sharded checkpoint (trainer.checkpoint_format=sharded; save_sharded) gathers nothing: every
+/// rank writes the pieces of the full tensors it holds (ShardedState) to
+/// `shard_<rank>-of-<ranks>.safetensors` (tensors named `<key>@<first flat element>`), rank 0
+/// the tensors every rank holds alike to trainer_state.safetensors and the index — every key's
+/// full shape and the shard files — to trainer_state.json (and model.safetensors, the full
+/// weights under Hugging Face names, when asked). Rank 0 builds the temporary directory, the
+/// ranks write into it (a file system every rank sees), and rank 0 renames it into place once
+/// every rank reports its file durable; a rank that fails makes every rank throw and leaves the
+/// previous checkpoint as it was. It loads at any world size: ShardedCheckpointReader reads any
+/// flat range of any key from whichever files hold it.
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/io/json.hpp"
 #include "hybridrl/model/safetensors.hpp"
+#include "hybridrl/sharding/sharded_state.hpp"
 
 namespace hybridrl {
+
+/// The state of a sharded checkpoint (see the file comment), read by flat ranges from the shard
+/// files (memory-mapped: a rank touches only the bytes it reads). Opening checks the index and
+/// every file: a missing or damaged shard, a piece of an unknown key, or elements of a key in
+/// no file (or in two) is an Error naming the file and the tensor, before anything loads.
+class ShardedCheckpointReader final : public StateSource {
+ public:
+  /// Opens the shards `index` (trainer_state.json's "shards") lists in `dir`; `whole` holds the
+  /// tensors of trainer_state.safetensors.
+  ShardedCheckpointReader(std::string dir, const nlohmann::json& index, StateDict whole)
+      : dir_(std::move(dir)), whole_(std::move(whole)) {
+    namespace fs = std::filesystem;
+    const std::string fix = "resume from another checkpoint (this one is incomplete or damaged)";
+    const auto bad = [&](const std::string& what) {
+      return Error(fmt::format("checkpoint '{}': trainer_state.json's shards entry {}", dir_, what), fix);
+    };
+    if (!index.is_object() || !index.contains("files") || !index["files"].is_array() || !index.contains("shapes") ||
+        !index["shapes"].is_object()) {
+      throw bad("is not an object with a files list and a shapes object");
+    }
+    for (const auto& [k, v] : index["shapes"].items()) {
+      if (!v.is_array()) throw bad(fmt::format("gives '{}' a shape that is not a list", k));
+      std::vector<int64_t> shape;
+      for (const auto& d : v) {
+        if (!d.is_number_unsigned()) throw bad(fmt::format("gives '{}' a dimension that is not a count", k));
+        shape.push_back(d.get<int64_t>());
+      }
+      shapes_.emplace(k, std::move(shape));
+    }
+    for (const auto& f : index["files"]) {
+      if (!f.is_string()) throw bad("lists a file name that is not a string");
+      const auto name = f.get<std::string>();
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+        throw bad(fmt::format("lists '{}', which is not a file name inside the checkpoint", name));
+      }
+      const auto path = (fs::path(dir_) / name).string();
+      HYBRIDRL_CHECK(fs::is_regular_file(path), fmt::format("checkpoint '{}' has no {} (a rank's shard)", dir_, name),
+                     fix);
+      files_.emplace_back(path);  // validates the file
+      const size_t fi = files_.size() - 1;
+      for (const auto& t : files_.back().names()) {
+        const auto at = t.rfind('@');
+        const auto where = fmt::format("checkpoint '{}', file {}, tensor '{}'", dir_, name, t);
+        HYBRIDRL_CHECK(at != std::string::npos && at + 1 < t.size() &&
+                           t.find_first_not_of("0123456789", at + 1) == std::string::npos,
+                       fmt::format("{}: not a piece name (<key>@<first element>)", where), fix);
+        const auto key = t.substr(0, at);
+        HYBRIDRL_CHECK(shapes_.count(key) > 0, fmt::format("{}: a piece of '{}', which the index does not list", where, key),
+                       fix);
+        const auto& e = files_.back().entry(t);
+        HYBRIDRL_CHECK(e.shape.size() == 1, fmt::format("{}: a piece is 1-D, this one has {} dimensions", where, e.shape.size()),
+                       fix);
+        pieces_[key].push_back(Piece{std::stoll(t.substr(at + 1)), e.shape[0], fi, t});
+      }
+    }
+    for (const auto& [key, shape] : shapes_) {  // the pieces of each key tile its elements
+      int64_t numel = 1;
+      for (auto d : shape) numel *= d;
+      auto& ps = pieces_[key];
+      std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.start < b.start; });
+      int64_t at = 0;
+      for (const auto& p : ps) {
+        HYBRIDRL_CHECK(p.start <= at,
+                       fmt::format("checkpoint '{}': elements [{}, {}) of '{}' are in none of its {} shard files", dir_,
+                                   at, p.start, key, files_.size()),
+                       fix);
+        HYBRIDRL_CHECK(p.start == at,
+                       fmt::format("checkpoint '{}': elements from {} of '{}' are in two shard files ({} and an "
+                                   "earlier one)", dir_, p.start, key, files_[p.file].path()),
+                       fix);
+        HYBRIDRL_CHECK(files_[p.file].entry(p.name).dtype == files_[ps.front().file].entry(ps.front().name).dtype,
+                       fmt::format("checkpoint '{}': the pieces of '{}' have different dtypes ({})", dir_, key,
+                                   files_[p.file].path()),
+                       fix);
+        at += p.numel;
+      }
+      HYBRIDRL_CHECK(at == numel,
+                     fmt::format("checkpoint '{}': elements [{}, {}) of '{}' are in none of its {} shard files", dir_, at,
+                                 numel, key, files_.size()),
+                     fix);
+    }
+  }
+
+  [[nodiscard]] std::optional<std::vector<int64_t>> shape(const std::string& key) const override {
+    if (auto it = whole_.find(key); it != whole_.end()) return it->second.sizes().vec();
+    if (auto it = shapes_.find(key); it != shapes_.end()) return it->second;
+    return std::nullopt;
+  }
+  [[nodiscard]] at::Tensor read(const std::string& key, int64_t start, int64_t n) const override {
+    if (auto it = whole_.find(key); it != whole_.end()) return it->second.reshape({-1}).narrow(0, start, n);
+    const auto s = shape(key);
+    HYBRIDRL_CHECK(s.has_value(), fmt::format("{} has no '{}'", where(), key), "load a checkpoint of the same model");
+    int64_t numel = 1;
+    for (auto d : *s) numel *= d;
+    HYBRIDRL_CHECK(start >= 0 && n >= 0 && start + n <= numel,
+                   fmt::format("{}: elements [{}, {}) of '{}' lie outside its {}", where(), start, start + n, key, numel),
+                   "load a checkpoint of the same model");
+    const auto& ps = pieces_.at(key);
+    // the last piece that starts at or before `start`, then on until the range is filled
+    auto it = std::upper_bound(ps.begin(), ps.end(), start, [](int64_t v, const Piece& p) { return v < p.start; });
+    --it;
+    at::Tensor out = at::empty({n}, at::TensorOptions().dtype(files_[it->file].entry(it->name).dtype));
+    for (int64_t done = 0; done < n; ++it) {
+      const int64_t from = start + done - it->start, take = std::min(it->numel - from, n - done);
+      out.narrow(0, done, take).copy_(files_[it->file].get(it->name).narrow(0, from, take));
+      done += take;
+    }
+    return out;
+  }
+  [[nodiscard]] std::vector<std::string> keys() const override {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : whole_) out.push_back(k);
+    for (const auto& [k, v] : shapes_) out.push_back(k);
+    return out;
+  }
+  [[nodiscard]] std::string where() const override { return fmt::format("checkpoint '{}'", dir_); }
+  /// The shard files, in the index's order.
+  [[nodiscard]] size_t files() const noexcept { return files_.size(); }
+
+ private:
+  struct Piece {
+    int64_t start = 0, numel = 0;
+    size_t file = 0;
+    std::string name;
+  };
+  std::string dir_;
+  StateDict whole_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::vector<int64_t>> shapes_;
+  std::map<std::string, std::vector<Piece>> pieces_;
+};
 
 /// A checkpoint read back.
 struct CheckpointData {
   std::string path;
   int64_t step = 0;
-  std::map<std::string, at::Tensor> tensors;  ///< "model.<HF name>" and the rest, as given to save()
-  nlohmann::json meta;                        ///< trainer_state.json
+  /// "model.<HF name>" and the rest, as given to save(); of a sharded checkpoint, the tensors of
+  /// trainer_state.safetensors only (the rest is read through `sharded`)
+  std::map<std::string, at::Tensor> tensors;
+  nlohmann::json meta;  ///< trainer_state.json
+  /// A sharded checkpoint's state (every tensor, by flat range); null for a full one.
+  std::shared_ptr<const ShardedCheckpointReader> sharded;
+
+  /// The state's tensors by key, whatever the format (valid while this object lives).
+  [[nodiscard]] std::shared_ptr<const StateSource> source() const {
+    if (sharded) return sharded;
+    return std::make_shared<StateDictSource>(tensors);
+  }
 };
 
 /// The checkpoints of one run directory (see the file comment).
@@ -124,12 +281,128 @@ class CheckpointManager {
       io::write_file_atomic((tmp / "trainer_state.json").string(), meta.dump(2));
       out.commit();
     }
-    auto all = list();
-    while (static_cast<int64_t>(all.size()) > keep_last_) {
-      io::detail::remove_tree(all.front().second);
-      all.erase(all.begin());
-    }
+    prune();
     return path;
+  }
+
+  /// Name of the shard file of rank `rank` of `ranks` in a sharded checkpoint.
+  static std::string shard_name(int rank, int ranks) {
+    return fmt::format("shard_{:05d}-of-{:05d}.safetensors", rank, ranks);
+  }
+
+  /// Writes the sharded checkpoint of `step` (see the file comment). Collective over `comm`
+  /// (nullptr: one process): every rank passes its `mine`; rank 0 passes `lead` (its manager;
+  /// nullptr on the others), `whole` (written once: mine.whole, RNG states), `meta`,
+  /// `hf_config` and `hf_weights` (full weights under HF names for model.safetensors, or empty).
+  /// Tensors for the collectives live on `device`. Every rank returns the directory, or throws
+  /// when any rank could not write its part — the previous checkpoints untouched.
+  static std::string save_sharded(CheckpointManager* lead, Communicator* comm, at::Device device, int64_t step,
+                                  const ShardedState& mine, const StateDict& whole, nlohmann::json meta,
+                                  const std::optional<nlohmann::json>& hf_config = std::nullopt,
+                                  const StateDict& hf_weights = {}) {
+    namespace fs = std::filesystem;
+    const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    HYBRIDRL_CHECK((rank == 0) == (lead != nullptr),
+                   fmt::format("save_sharded: rank {} {} a CheckpointManager", rank, lead ? "passes" : "lacks"),
+                   "pass the run's CheckpointManager on rank 0 and nullptr on the other ranks");
+    const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+    std::optional<io::AtomicDirectory> out;
+    std::exception_ptr failed;
+    std::string tmp, path;
+    if (lead) {
+      try {
+        path = (fs::path(lead->dir_) / name_of(step)).string();
+        out.emplace(path);
+        tmp = out->temp_path();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    constexpr int64_t kPathChars = 4096;
+    if (ranks > 1) {  // the temporary directory's path, from rank 0 (empty: rank 0 could not make one)
+      HYBRIDRL_CHECK(static_cast<int64_t>(tmp.size()) < kPathChars,
+                     fmt::format("checkpoint path '{}' is longer than {} characters", tmp, kPathChars - 1),
+                     "choose a shorter trainer.output_dir");
+      at::Tensor buf = at::zeros({kPathChars}, opts);
+      if (lead) {
+        auto cpu = at::zeros({kPathChars}, at::kLong);
+        for (size_t i = 0; i < tmp.size(); ++i) cpu[static_cast<int64_t>(i)] = static_cast<unsigned char>(tmp[i]);
+        buf.copy_(cpu);
+      }
+      comm->broadcast(buf, 0);
+      const auto cpu = buf.cpu();
+      const auto* c = cpu.data_ptr<int64_t>();
+      tmp.clear();
+      for (int64_t i = 0; i < kPathChars && c[i] != 0; ++i) tmp.push_back(static_cast<char>(c[i]));
+    }
+    // 0: nothing to write, 1: written, 2: failed
+    int64_t status = failed ? 2 : 0;
+    if (!tmp.empty() && !mine.pieces.empty()) {
+      try {
+        HYBRIDRL_CHECK(fs::is_directory(tmp),
+                       fmt::format("rank {} does not see the directory '{}' that rank 0 made for checkpoint step {}",
+                                   rank, tmp, step),
+                       "put trainer.output_dir on a file system every rank shares (on several nodes, a network "
+                       "file system), or set trainer.checkpoint_format=full (rank 0 writes everything)");
+        std::map<std::string, at::Tensor> named;
+        for (const auto& [k, t] : mine.pieces) named.emplace(fmt::format("{}@{}", k.first, k.second), t);
+        save_safetensors((fs::path(tmp) / shard_name(rank, ranks)).string(), named, {{"format", "hybridrl-shard"}});
+        status = 1;
+      } catch (...) {
+        failed = std::current_exception();
+        status = 2;
+      }
+    }
+    at::Tensor all = at::zeros({ranks}, opts);
+    all[rank] = status;
+    if (ranks > 1) comm->all_reduce(all);
+    const auto st = all.cpu();
+    std::vector<int> bad;
+    std::vector<std::string> files;
+    for (int r = 0; r < ranks; ++r) {
+      if (st[r].item<int64_t>() == 2) bad.push_back(r);
+      if (st[r].item<int64_t>() == 1) files.push_back(shard_name(r, ranks));
+    }
+    const std::string fix = "the previous checkpoint is intact: fix the cause (disk space, permissions, a shared "
+                            "trainer.output_dir) and resume from it";
+    if (!bad.empty()) {
+      if (failed) std::rethrow_exception(failed);  // this rank's own error (rank 0's temporary goes with it)
+      throw Error(fmt::format("checkpoint step {} was not written: rank(s) {} could not write their part (their error "
+                              "says why)", step, fmt::join(bad, ", ")),
+                  fix);
+    }
+    int64_t ok = 1;
+    if (lead) {  // the index and the rest, then the rename: the checkpoint exists once it is whole
+      try {
+        nlohmann::json shapes = nlohmann::json::object();
+        for (const auto& [k, v] : mine.shapes) shapes[k] = v;
+        meta["step"] = step;
+        meta["format"] = 1;
+        meta["checkpoint_format"] = "sharded";
+        meta["shards"] = {{"files", files}, {"shapes", shapes}};
+        save_safetensors((fs::path(tmp) / "trainer_state.safetensors").string(), whole);
+        if (!hf_weights.empty()) save_safetensors((fs::path(tmp) / "model.safetensors").string(), hf_weights, {{"format", "pt"}});
+        if (hf_config) io::write_file_atomic((fs::path(tmp) / "config.json").string(), hf_config->dump(2));
+        io::write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), meta.dump(2));
+        out->commit();
+        lead->prune();
+      } catch (...) {
+        failed = std::current_exception();
+        ok = 0;
+      }
+    }
+    if (ranks > 1) {
+      at::Tensor done = at::full({1}, ok, opts);
+      comm->broadcast(done, 0);
+      ok = done.cpu().item<int64_t>();
+    }
+    if (!ok) {
+      if (failed) std::rethrow_exception(failed);
+      throw Error(fmt::format("checkpoint step {} was not completed: rank 0 could not write it (its error says why)", step),
+                  fix);
+    }
+    if (lead) return path;
+    return (fs::path(tmp).parent_path() / name_of(step)).string();
   }
 
   /// Reads the checkpoint at `path` (a step_… directory); an incomplete or unreadable one is an
@@ -138,7 +411,7 @@ class CheckpointManager {
     namespace fs = std::filesystem;
     CheckpointData d;
     d.path = path;
-    for (const char* f : {"trainer_state.json", "model.safetensors", "trainer_state.safetensors"}) {
+    for (const char* f : {"trainer_state.json", "trainer_state.safetensors"}) {
       HYBRIDRL_CHECK(fs::exists(fs::path(path) / f),
                      fmt::format("checkpoint '{}' has no {}", path, f),
                      "resume from a complete checkpoint directory (checkpoints/step_…), or set trainer.resume=never");
@@ -153,11 +426,19 @@ class CheckpointManager {
       throw Error(fmt::format("checkpoint '{}': trainer_state.json is not valid ({})", path, e.what()),
                   "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
     }
-    for (auto& [k, t] : load_safetensors((fs::path(path) / "model.safetensors").string())) {
-      d.tensors.emplace(std::string(kModelPrefix) + k, std::move(t));
-    }
     for (auto& [k, t] : load_safetensors((fs::path(path) / "trainer_state.safetensors").string())) {
       d.tensors.emplace(k, std::move(t));
+    }
+    if (d.meta.value("checkpoint_format", std::string("full")) == "sharded") {
+      HYBRIDRL_CHECK(d.meta.contains("shards"), fmt::format("checkpoint '{}': trainer_state.json has no shards index", path),
+                     "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
+      d.sharded = std::make_shared<ShardedCheckpointReader>(path, d.meta["shards"], d.tensors);
+      return d;
+    }
+    HYBRIDRL_CHECK(fs::exists(fs::path(path) / "model.safetensors"), fmt::format("checkpoint '{}' has no model.safetensors", path),
+                   "resume from a complete checkpoint directory (checkpoints/step_…), or set trainer.resume=never");
+    for (auto& [k, t] : load_safetensors((fs::path(path) / "model.safetensors").string())) {
+      d.tensors.emplace(std::string(kModelPrefix) + k, std::move(t));
     }
     return d;
   }
@@ -165,6 +446,15 @@ class CheckpointManager {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
+  /// Removes the oldest complete checkpoints beyond keep_last.
+  void prune() {
+    auto all = list();
+    while (static_cast<int64_t>(all.size()) > keep_last_) {
+      io::detail::remove_tree(all.front().second);
+      all.erase(all.begin());
+    }
+  }
+
   std::string dir_;
   int64_t keep_last_;
 };

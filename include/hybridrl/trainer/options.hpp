@@ -67,8 +67,17 @@ struct TrainerOptions {
   HYBRIDRL_ARG(int64_t, plot_every) = 0;
   /// Write the final model as a Hugging Face directory (output_dir/model).
   HYBRIDRL_ARG(bool, save_model) = true;
+  /// How a checkpoint holds the state. `full`: the whole state, gathered (every rank holds it
+  /// while it is saved) and written by rank 0, the weights as model.safetensors under Hugging
+  /// Face names. `sharded`: every rank writes the part it holds (one file per rank, nothing
+  /// gathered: for models whose full state does not fit one rank). Either loads at any world
+  /// size; a sharded one needs an output_dir every rank sees.
+  HYBRIDRL_ARG(std::string, checkpoint_format) = "full";
+  /// Sharded checkpoints also hold model.safetensors, the full weights under Hugging Face names
+  /// (gathered a layer at a time; rank 0 writes them).
+  HYBRIDRL_ARG(bool, checkpoint_hf_weights) = false;
   HYBRIDRL_FIELDS(total_steps, output_dir, save_every, keep_last, resume, seed, log_every, tensorboard,
-                  plot_every, save_model)
+                  plot_every, save_model, checkpoint_format, checkpoint_hf_weights)
 
   /// Throws hybridrl::Error for a negative count or keep_last below 1.
   void validate() const {
@@ -83,6 +92,13 @@ struct TrainerOptions {
     HYBRIDRL_CHECK(plot_every_ >= 0, fmt::format("plot_every = {} is negative", plot_every_),
                    "give a step interval, or 0 to plot at the end only");
     HYBRIDRL_CHECK(!resume_.empty(), "resume is empty", "use auto, never, or a checkpoint directory");
+    HYBRIDRL_CHECK(checkpoint_format_ == "full" || checkpoint_format_ == "sharded",
+                   fmt::format("checkpoint_format = '{}' is not a format", checkpoint_format_),
+                   "use full (rank 0 writes the gathered state) or sharded (every rank writes its part)");
+    HYBRIDRL_CHECK(!checkpoint_hf_weights_ || checkpoint_format_ == "sharded",
+                   "checkpoint_hf_weights = true with checkpoint_format = full, whose checkpoints hold "
+                   "model.safetensors already",
+                   "set checkpoint_hf_weights=false, or checkpoint_format=sharded");
   }
 };
 

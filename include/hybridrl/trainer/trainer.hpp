@@ -222,6 +222,24 @@ struct reference_of<S> {
 template <class S>
 concept places_models = std::is_same_v<typename reference_of<S>::type, ShardedFrozen<CausalLM>>;
 
+/// Sharding descriptors whose engines write sharded checkpoints (trainer.checkpoint_format=
+/// sharded): `engine.sharded_state()` (Sharding<FSDP>).
+template <class S>
+concept writes_sharded_state = requires(const typename S::engine_type& e) {
+  { e.sharded_state() } -> std::same_as<ShardedState>;
+};
+
+/// Loads a checkpoint's state into an engine: by flat ranges where it reads them
+/// (`load_state(StateSource)`: each rank only what it holds), else every tensor whole.
+template <class E>
+void load_engine_state(E& engine, const StateSource& src) {
+  if constexpr (requires { engine.load_state(src); }) {
+    engine.load_state(src);
+  } else {
+    engine.load_state_dict(src.materialize());
+  }
+}
+
 /// Engines that lay out a reference given to fit() (FitParts::reference) as their own:
 /// `engine.adopt_reference(CausalLM)` (Sharding<FSDP>: sharded over its shard groups).
 template <class E>
@@ -433,6 +451,12 @@ class Trainer {
       detail::validate_member(optim_, "optim");
       if constexpr (has_critic) detail::validate_member(critic_, "critic");
       detail::validate_member(sharding_, "sharding");
+      if constexpr (!detail::writes_sharded_state<sharding_type>) {
+        HYBRIDRL_CHECK(trainer_.checkpoint_format() != "sharded",
+                       fmt::format("trainer.checkpoint_format = sharded, but Sharding<{}> writes full checkpoints only",
+                                   sharding_type::name),
+                       "set trainer.checkpoint_format=full (it loads at any world size too), or use Sharding<FSDP>");
+      }
       if constexpr (has_rollout) detail::validate_member(rollout_, "rollout");
       detail::validate_member(loader_, "loader");
       detail::validate_member(placement_, "placement");
@@ -833,8 +857,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   auto state = algorithm_type::make_state(o.algorithm());
   int64_t step = 0;
   if (ckpt) {
-    engine.load_state_dict(ckpt->tensors);
-    if constexpr (has_critic) critic->load_state_dict(detail::with_prefix_removed(ckpt->tensors, "critic."));
+    const auto src = ckpt->source();  // a sharded checkpoint: each rank reads the ranges it holds
+    detail::load_engine_state(engine, *src);
+    if constexpr (has_critic) detail::load_engine_state(*critic, PrefixedSource(*src, "critic."));
     if constexpr (detail::saves_algorithm_state<algorithm_type>) {
       if (ckpt->meta.contains("algorithm_state")) {
         algorithm_type::load_state(state, ckpt->meta["algorithm_state"].template get<std::map<std::string, double>>());
@@ -899,7 +924,35 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   };
   auto save = [&] {
     if (t.output_dir().empty()) return;
-    // sharded: every rank gathers the state (collective), rank 0 writes it
+    if constexpr (detail::writes_sharded_state<sharding_type>) {
+      if (t.checkpoint_format() == "sharded") {  // every rank writes its part, nothing gathered
+        auto mine = engine.sharded_state();
+        if constexpr (has_critic) {
+          auto c = critic->sharded_state();
+          c.prefix("critic.");
+          mine.merge(std::move(c));
+        }
+        StateDict whole, hf;
+        nlohmann::json meta;
+        if (t.checkpoint_hf_weights()) {  // full weights, a layer at a time (every rank takes part)
+          engine.export_weights(WeightSpec{}, [&](const WeightBucket& b) {
+            if (!lead) return;
+            for (const auto& w : b) hf[w.name] = w.tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+          });
+        }
+        if (lead) {
+          whole = mine.whole;
+          save_rng(whole);
+          meta["loader"] = loader.state();
+          meta["config"] = to_json(o);
+          if constexpr (detail::saves_algorithm_state<algorithm_type>) meta["algorithm_state"] = algorithm_type::save_state(state);
+        }
+        result.last_checkpoint = CheckpointManager::save_sharded(saver ? &*saver : nullptr, comm.get(), device, step,
+                                                                 mine, whole, meta, config_to_json(policy->config()), hf);
+        return;
+      }
+    }
+    // full: every rank gathers the state (collective), rank 0 writes it
     auto tensors = engine.state_dict();
     if constexpr (has_critic) {
       for (auto& [k, v] : critic->state_dict()) tensors["critic." + k] = std::move(v);
