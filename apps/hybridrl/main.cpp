@@ -57,9 +57,9 @@ int main(int argc, char** argv) {
   train->add_flag("--print-config", print_config, "print the effective configuration and exit");
   train->add_option("overrides", train_overrides, "key=value settings, e.g. task.name=reverse model.init=tiny");
   {  // --help lists the keys of the trainer type the command line names (default: GRPO, Rollout<Paged>)
-    const auto [algorithm, rollout] = hybridrl::app::train_type_of(argc, argv);
+    const auto type = hybridrl::app::train_type_of(argc, argv);
     try {
-      train->footer(hybridrl::app::trainers().help(algorithm, rollout));
+      train->footer(hybridrl::app::trainers().help(type.algorithm, type.rollout, type.sharding));
     } catch (const hybridrl::Error&) {  // an unknown name: the run reports it; help shows the default's keys
       train->footer(hybridrl::app::trainers().help());
     }

@@ -16,6 +16,7 @@
 #    uninterrupted run's.
 # 7. trainer.checkpoint_format=sharded on 2 ranks: a shard file per rank (and the HF weights on
 #    request); one process resumes it.
+# 8. sharding.name=tp3d: PPO on 2 ranks, tensor parallel 2; one process resumes its checkpoint.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(run_cli rc_var err_var)
@@ -201,3 +202,26 @@ if(NOT rc EQUAL 0 OR NOT err MATCHES "resumed from step 2")
   message(FATAL_ERROR "one process did not resume the 2-rank sharded checkpoint (${rc}): ${err}")
 endif()
 message(STATUS "a sharded checkpoint of 2 processes resumed on one")
+
+# 8. sharding.name=tp3d: PPO over a tensor-parallel pair (policy and critic split, Rollout<Paged>
+#    fed the full weights); the layout line says so; one process (TP 1) resumes its checkpoint
+set(tp_args algorithm.name=ppo sharding.name=tp3d model.path=${FIXTURES}/models/llama
+  data.train_files=[${FIXTURES}/data/prompts.jsonl] trainer.output_dir=${WORK}/tp trainer.save_model=false
+  data.train_batch_size=2 rollout.n=4 rollout.max_new_tokens=6 geometry.ppo_mini_batch_size=2
+  geometry.micro_batch_size_per_gpu=4 optim.lr=1e-3 loader.epochs=0 loader.drop_last=true distributed.timeout_s=120)
+run_cli(rc err launch --nproc-per-node 2 -- train ${tp_args} sharding.tensor_parallel_size=2 trainer.total_steps=2)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "algorithm.name = ppo, rollout.name = paged, sharding.name = tp3d"
+   OR NOT err MATCHES "2 ranks \\(torchrun, gloo backend\\): data parallel 1 x tensor parallel 2, Sharding<TP3D>")
+  message(FATAL_ERROR "PPO with sharding.name=tp3d on 2 ranks (${rc}): ${err}")
+endif()
+file(STRINGS ${WORK}/tp/metrics.jsonl tp_lines)
+list(LENGTH tp_lines n_tp)
+list(GET tp_lines 1 tp_last)
+if(NOT n_tp EQUAL 2 OR NOT tp_last MATCHES "\"critic/values_mean\":-?[0-9]")
+  message(FATAL_ERROR "the TP3D PPO run wrote ${n_tp} metrics lines, the last without critic values: ${tp_last}")
+endif()
+run_cli(rc err train ${tp_args} trainer.total_steps=3)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "done, 3 steps \\(resumed from step 2\\)")
+  message(FATAL_ERROR "one process did not resume the TP3D run's checkpoint (${rc}): ${err}")
+endif()
+message(STATUS "sharding.name=tp3d: PPO on a tensor-parallel pair, resumed on one process")

@@ -4,7 +4,9 @@
 // writes the run's files; a checkpoint written by 2 ranks resumes on one process and on 4 as the
 // uninterrupted run; the frozen reference is sharded as the policy is; a batch that does not
 // split over the ranks is refused with the fix; placement.* puts the reference and the reward on
-// ranks of their own (inside the actor's or beside them) and trains as the colocated run does.
+// ranks of their own (inside the actor's or beside them) and trains as the colocated run does;
+// Sharding<TP3D> trains GRPO and PPO (policy and critic split over the tensor group) as one
+// process does.
 
 #include <hybridrl/hybridrl.hpp>
 
@@ -556,6 +558,48 @@ TEST_SUITE("trainer/distributed") {
       check_steps_like(steps, ref_steps);
       for (const auto& x : steps) CHECK(x.at("tokens_per_s") > 0.0);
     }
+  }
+
+  TEST_CASE("PPO with Sharding<TP3D> (tensor 2, the critic split alike) fits as one process does (TP3DPPOTrainer)") {
+    FitTempDir tmp("tp_ppo");
+    auto prompts = fixture_prompts(tmp.path);
+    auto options = [](int64_t tp) {
+      auto o = online_fit_options<TP3DPPOTrainer>(3, 11);
+      o.geometry().micro_batch_size_per_gpu(8);
+      o.sharding().tensor_parallel_size(tp);
+      o.optim().eps(1e-6);  // as the GRPO case: eps 1e-8 magnifies 1e-9 gradient noise
+      o.critic().optim().lr(5e-3).weight_decay(0.0).eps(1e-6);
+      return o;
+    };
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps, steps;
+    FitParts ref_parts = quiet;
+    ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    TP3DPPOTrainer(options(1)).fit(one, prompts, dist_reward, ref_parts);
+    REQUIRE(ref_steps.size() == 3);
+    std::mutex m;
+    std::vector<double> rel(2, 1.0);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+      auto policy = fit_fixture_model();
+      TP3DPPOTrainer(options(2), 2).fit(policy, prompts, dist_reward, p);
+      const auto r = dist_weights_rel(policy, one);
+      std::lock_guard<std::mutex> lock(m);
+      rel[static_cast<size_t>(comm.rank())] = r;
+    });
+    for (const auto r : rel) CHECK(r <= 1e-5);
+    check_steps_like(steps, ref_steps);
+    for (size_t s = 0; s < steps.size(); ++s) {  // the critic: its values, and its update
+      CAPTURE(s);
+      CHECK(steps[s].at("critic/values_mean") == doctest::Approx(ref_steps[s].at("critic/values_mean")).epsilon(1e-5));
+      CHECK(steps[s].at("critic/grad_norm") == doctest::Approx(ref_steps[s].at("critic/grad_norm")).epsilon(1e-5));
+      CHECK(ref_steps[s].at("critic/grad_norm") > 0.0);
+    }
+    CHECK(steps[0]["sharding/param_elements_per_rank"] < 0.6 * steps[0]["sharding/param_elements"]);
   }
 
   TEST_CASE("DPO with Sharding<FSDP> on 2 ranks fits as one process does; geometry errors name the fix") {

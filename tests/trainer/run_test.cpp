@@ -59,6 +59,30 @@ TEST_SUITE("trainer/run") {
     CHECK(mentions(run_error([&] { (void)r.help("grpo", "vllm"); }), "rollout.name = \"vllm\" is not one of paged, naive"));
     CHECK(mentions(run_error([&] { (void)r.run(run_sources({"algorithm.name=dpo", "rollout.name=paged"}), true); }),
                    "rollout.name = paged is set but algorithm.name = dpo generates nothing"));
+    // sharding.name: fsdp (the default) or tp3d (grpo and ppo with Rollout<Paged>)
+    CHECK(mentions(h, "sharding.name  <one of {fsdp, tp3d}>"));
+    CHECK(mentions(h, "sharding.shard_group_size"));
+    const auto ht = r.help("grpo", "", "tp3d");
+    CHECK(mentions(ht, "algorithm.name=grpo rollout.name=paged sharding.name=tp3d"));
+    CHECK(mentions(ht, "sharding.tensor_parallel_size"));
+    CHECK(!mentions(ht, "sharding.shard_group_size"));
+    const auto hpt = r.help("ppo", "paged", "tp3d");
+    CHECK(mentions(hpt, "sharding.tensor_parallel_size"));
+    CHECK(mentions(hpt, "critic.optim.lr"));
+    CHECK(mentions(r.help("dpo"), "sharding.name  <one of {fsdp}>"));
+    CHECK(mentions(run_error([&] { (void)r.help("dpo", "", "tp3d"); }),
+                   "sharding.name = \"tp3d\" is not one of fsdp (with algorithm.name = dpo)"));
+    const auto naive_tp = run_error([&] { (void)r.help("grpo", "naive", "tp3d"); });
+    CHECK(mentions(naive_tp, "sharding.name = \"tp3d\" is not one of fsdp (with algorithm.name = grpo, rollout.name = naive)"));
+    CHECK(mentions(naive_tp, "Sharding<TP3D> needs Rollout<Paged>"));
+    CHECK(mentions(run_error([&] { (void)r.help("grpo", "", "fdsp"); }), "is not one of fsdp, tp3d (with algorithm.name = grpo) (did you mean fsdp?)"));
+    // chosen from the command line, and checked for the world before anything loads: TP 2 on one process
+    const auto tp_run = run_sources({"sharding.name=tp3d", "sharding.tensor_parallel_size=2", "task.name=reverse", "model.init=tiny",
+                                     "trainer.total_steps=1"});
+    CHECK(tp_run.sharding == "tp3d");
+    CHECK(tp_run.sources.overrides.size() == 4);  // sharding.name is taken out; its table's other keys stay
+    CHECK(mentions(run_error([&] { (void)r.run(tp_run, true); }),
+                   "tensor_parallel_size × pipeline_parallel_size = 2 × 1 = 2 does not divide world_size 1"));
   }
 
   TEST_CASE("registering: a custom trainer type and reward join the built-ins; misuse is an Error") {
@@ -134,6 +158,9 @@ TEST_SUITE("trainer/run") {
     rs.rollout = "naive";
     CHECK(mentions(run_error([&] { rs.require("grpo", "paged"); }), "rollout.name = naive but this program generates with paged"));
     CHECK_NOTHROW(rs.require("grpo"));
+    rs.sharding = "tp3d";
+    CHECK(mentions(run_error([&] { rs.require("grpo"); }), "sharding.name = tp3d but this program trains with fsdp"));
+    CHECK_NOTHROW(rs.require("grpo", "naive", "tp3d"));
 
     // checked before loading: one of model.path / model.init, a device, data
     CHECK(mentions(run_error([] { (void)configure_run<GRPOTrainer>(run_sources({"task.name=reverse"}).sources); }),

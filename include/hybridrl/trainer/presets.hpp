@@ -3,8 +3,9 @@
 /// Named trainer types for the common combinations (ensmallen's `using StandardSGD = SGD<...>`):
 /// `PPOTrainer`, `GRPOTrainer` (online: FSDP training, Paged generation, length-bucketed prompts),
 /// `NaivePPOTrainer`, `NaiveGRPOTrainer` (the same with the reference Rollout<Naive>),
-/// `DPOTrainer`, `KTOTrainer`, `SFTTrainer` (offline: FSDP training, packed rows). These are the
-/// types `hybridrl train` runs.
+/// `DPOTrainer`, `KTOTrainer`, `SFTTrainer` (offline: FSDP training, packed rows),
+/// `TP3DGRPOTrainer`, `TP3DPPOTrainer` (online with Sharding<TP3D>: tensor-parallel training,
+/// Paged generation). These are the types `hybridrl train` runs.
 ///
 /// With `HYBRIDRL_EXTERN_PRESETS` defined (the optional `hybridrl::presets` CMake target defines it
 /// for its users), each preset and its fit loop on its algorithm's dataset is declared
@@ -19,6 +20,7 @@
 #include "hybridrl/rollout/naive.hpp"
 #include "hybridrl/rollout/paged.hpp"
 #include "hybridrl/sharding/fsdp.hpp"
+#include "hybridrl/sharding/tp3d.hpp"
 #include "hybridrl/trainer/trainer.hpp"
 
 #include <type_traits>
@@ -33,6 +35,11 @@ using GRPOTrainer = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Paged>, Loa
 using NaivePPOTrainer = Trainer<Algorithm<PPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
 /// GRPOTrainer with the reference generation engine (Rollout<Naive>).
 using NaiveGRPOTrainer = Trainer<Algorithm<GRPO>, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
+/// GRPOTrainer trained over a data × tensor mesh (Sharding<TP3D>: heads and MLP split over
+/// sharding.tensor_parallel_size ranks); generation gets the weights in its own layout.
+using TP3DGRPOTrainer = Trainer<Algorithm<GRPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>;
+/// PPOTrainer trained over a data × tensor mesh (Sharding<TP3D>; the critic split alike).
+using TP3DPPOTrainer = Trainer<Algorithm<PPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>;
 /// DPO on preference pairs: FSDP training on packed rows.
 using DPOTrainer = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Packed>>;
 /// KTO on labelled completions: FSDP training on packed rows.
@@ -74,11 +81,15 @@ using dataset_of = dataset_for<T::algorithm_type::data_kind>;
   HYBRIDRL_PRESET_INSTANTIATION(prefix, DPOTrainer, Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Packed>>) \
   HYBRIDRL_PRESET_INSTANTIATION(prefix, KTOTrainer, Trainer<Algorithm<KTO>, Sharding<FSDP>, Loader<Packed>>) \
   HYBRIDRL_PRESET_INSTANTIATION(prefix, SFTTrainer, Trainer<Algorithm<SFT>, Sharding<FSDP>, Loader<Packed>>)
+#define HYBRIDRL_PRESET_TP3D(prefix)                                                                       \
+  HYBRIDRL_PRESET_INSTANTIATION(prefix, TP3DGRPOTrainer, Trainer<Algorithm<GRPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>) \
+  HYBRIDRL_PRESET_INSTANTIATION(prefix, TP3DPPOTrainer, Trainer<Algorithm<PPO>, Sharding<TP3D>, Rollout<Paged>, Loader<Bucketed>>)
 
 #if defined(HYBRIDRL_EXTERN_PRESETS)
 namespace hybridrl {
 HYBRIDRL_PRESET_PPO(extern)
 HYBRIDRL_PRESET_GRPO(extern)
 HYBRIDRL_PRESET_OFFLINE(extern)
+HYBRIDRL_PRESET_TP3D(extern)
 }  // namespace hybridrl
 #endif

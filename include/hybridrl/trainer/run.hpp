@@ -5,7 +5,7 @@
 /// HYBRIDRL_* environment and key=value arguments (defaults < file < environment < command line);
 /// the policy and its tokenizer from a Hugging Face checkpoint or `model.init=tiny`; the data of a
 /// built-in task or of JSONL files; the reward by name; and a registry of trainer types by
-/// `algorithm.name` and `rollout.name`, so that a program with its own algorithm runs the same
+/// `algorithm.name`, `rollout.name` and `sharding.name`, so that a program with its own algorithm runs the same
 /// configuration files as `hybridrl train` (examples/custom_algorithm).
 ///
 ///     int main(int argc, char** argv) {
@@ -180,15 +180,26 @@ inline std::shared_ptr<Communicator> connect_run_ranks(const RunDistributedOptio
   return init_from_environment(C10dOptions{}.backend(backend).timeout_s(o.timeout_s()).store_timeout_s(o.store_timeout_s()));
 }
 
-/// The layout line a launched run prints at start (rank 0).
-/// `actor`: the ranks the policy trains on (placement.actor; -1: all).
-inline std::string describe_ranks(const Communicator& comm, const LaunchEnvironment& launch, int64_t shard_group_size,
-                                  int64_t actor = -1) {
+/// The layout line a launched run prints at start (rank 0): the ranks, launcher and backend, and
+/// how `sharding` (the trainer's sharding Options) lays the policy over the actor's ranks
+/// (`actor`: placement.actor's count; -1: all).
+template <class ShardingOptions>
+std::string describe_ranks(const Communicator& comm, const LaunchEnvironment& launch, const ShardingOptions& sharding,
+                           int64_t actor = -1) {
   const int64_t dp = actor < 0 ? comm.size() : actor;
-  const int64_t shards = shard_group_size < 0 ? dp : shard_group_size;
-  return fmt::format("{} ranks ({}, {} backend): data parallel {}{}, Sharding<FSDP> over {} rank(s){}", comm.size(),
-                     launch.launcher, comm.backend(), dp, dp < comm.size() ? " (placement.actor)" : "", shards,
-                     shards < dp ? fmt::format(" x {} replicas (hybrid)", dp / shards) : std::string());
+  std::string layout;
+  if constexpr (requires { sharding.shard_group_size(); }) {  // Sharding<FSDP>
+    const int64_t shards = sharding.shard_group_size() < 0 ? dp : sharding.shard_group_size();
+    layout = fmt::format("data parallel {}{}, Sharding<FSDP> over {} rank(s){}", dp,
+                         dp < comm.size() ? " (placement.actor)" : "", shards,
+                         shards < dp ? fmt::format(" x {} replicas (hybrid)", dp / shards) : std::string());
+  } else if constexpr (requires { sharding.resolve_data_parallel(dp); }) {  // Sharding<TP3D>
+    layout = fmt::format("data parallel {} x tensor parallel {}, Sharding<TP3D>", sharding.resolve_data_parallel(dp),
+                         sharding.tensor_parallel_size());
+  } else {
+    layout = fmt::format("data parallel {}", dp);
+  }
+  return fmt::format("{} ranks ({}, {} backend): {}", comm.size(), launch.launcher, comm.backend(), layout);
 }
 
 /// The whole configuration of a run of trainer type T: model.*, task.*, reward.* (online types),
@@ -209,12 +220,14 @@ struct RunConfig {
     if constexpr (T::has_rollout) f("reward", self.reward_);
     T::Options::visit_fields(self.run_, f);
   }
-  void validate() const {
+  /// Throws for the first impossible key. `world`: the ranks a launcher started (nullopt: one
+  /// process), which the trainer's mesh, geometry and placement must fit.
+  void validate(std::optional<int64_t> world = std::nullopt) const {
     detail::validate_member(model_, "model");
     detail::validate_member(task_, "task");
     detail::validate_member(distributed_, "distributed");
     if constexpr (T::has_rollout) detail::validate_member(reward_, "reward");
-    run_.validate();
+    run_.resolved(world).validate();
     HYBRIDRL_CHECK(!task_.name().empty() || !run_.data().train_files().empty(),
                    "neither task.name nor data.train_files is set",
                    "pass task.name=reverse (a built-in task) or data.train_files=[file.jsonl]");
@@ -473,21 +486,25 @@ inline std::optional<std::string> take_key(ConfigSources& s, const std::string& 
   return v;
 }
 
-/// Every layer of a run's configuration, with the two keys that choose the trainer type taken
-/// out (empty where no layer sets them).
+/// Every layer of a run's configuration, with the three keys that choose the trainer type taken
+/// out (empty where no layer sets them): algorithm.name, rollout.name, sharding.name.
 struct RunSources {
-  std::string algorithm, rollout;
+  std::string algorithm, rollout, sharding;
   ConfigSources sources;
 
-  /// Throws unless the configuration names `algo` (or no algorithm) and, where given, `engine`
-  /// (or no rollout): a program that trains one trainer type refuses another's configuration.
-  void require(std::string_view algo, std::string_view engine = {}) const {
+  /// Throws unless the configuration names `algo` (or no algorithm), where given `engine` (or no
+  /// rollout), and `shards` (or no sharding.name): a program that trains one trainer type refuses
+  /// another's configuration.
+  void require(std::string_view algo, std::string_view engine = {}, std::string_view shards = "fsdp") const {
     HYBRIDRL_CHECK(algorithm.empty() || algorithm == algo,
                    fmt::format("algorithm.name = {} but this program trains {}", algorithm, algo),
                    fmt::format("pass a configuration for {} (or run `hybridrl train` for the others)", algo));
     HYBRIDRL_CHECK(engine.empty() || rollout.empty() || rollout == engine,
                    fmt::format("rollout.name = {} but this program generates with {}", rollout, engine),
                    fmt::format("set rollout.name={} or leave it out", engine));
+    HYBRIDRL_CHECK(sharding.empty() || sharding == shards,
+                   fmt::format("sharding.name = {} but this program trains with {}", sharding, shards),
+                   fmt::format("set sharding.name={} or leave it out (or run `hybridrl train`, which has both)", shards));
   }
 };
 
@@ -522,7 +539,8 @@ inline RunArgs parse_run_args(int argc, char** argv) {
 }
 
 /// Reads `config_file` (YAML, or JSON by its .json extension; "" for none), the HYBRIDRL_*
-/// environment and `overrides` ("key=value"), and takes algorithm.name and rollout.name out.
+/// environment and `overrides` ("key=value"), and takes algorithm.name, rollout.name and
+/// sharding.name out.
 inline RunSources read_run_sources(const std::string& config_file, const std::vector<std::string>& overrides) {
   RunSources s;
   if (!config_file.empty()) {
@@ -546,6 +564,7 @@ inline RunSources read_run_sources(const std::string& config_file, const std::ve
   s.sources.overrides = overrides;
   if (auto a = take_key(s.sources, "algorithm", "name")) s.algorithm = *a;
   if (auto r = take_key(s.sources, "rollout", "name")) s.rollout = *r;
+  if (auto h = take_key(s.sources, "sharding", "name")) s.sharding = *h;
   return s;
 }
 
@@ -555,12 +574,14 @@ inline RunSources read_run_sources(int argc, char** argv) {
   return read_run_sources(args.config_file, args.overrides);
 }
 
-/// The configuration of a run of T from `sources`, validated (every key checked before anything
-/// is loaded: an unknown one names the nearest valid spelling).
+/// The configuration of a run of T from `sources`, validated for the world a launcher started
+/// (every key checked before anything is loaded: an unknown one names the nearest valid
+/// spelling; a mesh or batch that does not fit the ranks names the arithmetic).
 template <class T>
 [[nodiscard]] RunConfig<T> configure_run(const ConfigSources& sources) {
   auto cfg = configure(RunConfig<T>{}, sources);
-  cfg.validate();
+  const auto launch = launched_ranks();
+  cfg.validate(launch ? std::optional<int64_t>(launch->world_size) : std::nullopt);
   return cfg;
 }
 
@@ -586,10 +607,8 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   auto comm = connect_run_ranks(cfg.distributed(), device);
   if (comm) {
     cfg.model().device(device);
-    int64_t shard_group = -1;
-    if constexpr (requires { cfg.run().sharding().shard_group_size(); }) shard_group = cfg.run().sharding().shard_group_size();
     const auto actor = static_cast<int64_t>(cfg.run().placement().actor_ranks(comm->size()).size());
-    if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_ranks(*comm, *launch, shard_group, actor).c_str());
+    if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_ranks(*comm, *launch, cfg.run().sharding(), actor).c_str());
   }
   // the tokenizer and the data before the weights: a bad data line fails in seconds, not after
   // a multi-gigabyte load
@@ -667,18 +686,23 @@ class TrainerRegistry {
     return add_reward(std::move(name), batched(std::move(reward)));
   }
 
-  /// Adds trainer type T as `algorithm` (with `rollout` for an online T).
+  /// Adds trainer type T as `algorithm` (with `rollout` for an online T); `sharding.name` chooses
+  /// it by its Sharding policy's name in lower case (fsdp, tp3d).
   template <class T>
   TrainerRegistry& add(std::string algorithm, std::string rollout = {}) {
     HYBRIDRL_CHECK(T::has_rollout != rollout.empty(),
                    fmt::format("TrainerRegistry::add(\"{}\", \"{}\"): {}", algorithm, rollout,
                                T::has_rollout ? "an online trainer needs a rollout name" : "an offline trainer has no rollout"),
                    T::has_rollout ? "name its engine, e.g. add<T>(\"rloo\", \"paged\")" : "call add<T>(\"name\")");
-    HYBRIDRL_CHECK(!find_entry(algorithm, rollout), fmt::format("algorithm.name = {} {} is registered twice", algorithm, rollout),
-                   "register each (algorithm, rollout) pair once");
+    std::string sharding(T::sharding_type::name);
+    for (auto& c : sharding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    HYBRIDRL_CHECK(!find_entry(algorithm, rollout.empty() ? std::string("-") : rollout, sharding),
+                   fmt::format("algorithm.name = {} {} sharding.name = {} is registered twice", algorithm, rollout, sharding),
+                   "register each (algorithm, rollout, sharding) combination once");
     Entry e;
     e.algorithm = std::move(algorithm);
     e.rollout = std::move(rollout);
+    e.sharding = std::move(sharding);
     e.run = [](const ConfigSources& s, const std::string& label, bool print_only,
                const std::map<std::string, BatchRewardFn>& rewards) { return run_trainer<T>(s, label, print_only, rewards); };
     e.help = [] { return ::hybridrl::help<RunConfig<T>>(); };
@@ -697,15 +721,17 @@ class TrainerRegistry {
 
   /// Runs the trainer type `s` names (defaults where it names none); the exit code.
   int run(const RunSources& s, bool print_only) const {
-    const auto& e = resolve(s.algorithm, s.rollout);
-    const auto label = fmt::format("algorithm.name = {}{}", e.algorithm,
-                                   e.rollout.empty() ? "" : fmt::format(", rollout.name = {}", e.rollout));
+    const auto& e = resolve(s.algorithm, s.rollout, s.sharding);
+    const auto label = fmt::format("algorithm.name = {}{}, sharding.name = {}", e.algorithm,
+                                   e.rollout.empty() ? "" : fmt::format(", rollout.name = {}", e.rollout), e.sharding);
     return e.run(s.sources, label, print_only, rewards_);
   }
 
-  /// Every key of the trainer type `algorithm` and `rollout` name, with its type and default.
-  [[nodiscard]] std::string help(const std::string& algorithm = {}, const std::string& rollout = {}) const {
-    const auto& e = resolve(algorithm, rollout);
+  /// Every key of the trainer type `algorithm`, `rollout` and `sharding` name, with its type and
+  /// default.
+  [[nodiscard]] std::string help(const std::string& algorithm = {}, const std::string& rollout = {},
+                                 const std::string& sharding = {}) const {
+    const auto& e = resolve(algorithm, rollout, sharding);
     std::vector<std::string> rollouts;
     for (const auto& x : entries_) {
       if (!x.rollout.empty() && std::find(rollouts.begin(), rollouts.end(), x.rollout) == rollouts.end()) {
@@ -713,33 +739,54 @@ class TrainerRegistry {
       }
     }
     std::string out = fmt::format(
-        "configuration keys of algorithm.name={}{} (another algorithm's: algorithm.name=NAME --help):\n"
+        "configuration keys of algorithm.name={}{} sharding.name={} (another algorithm's: algorithm.name=NAME --help):\n"
         "  algorithm.name  <one of {{{}}}> (default: {})\n",
-        e.algorithm, e.rollout.empty() ? "" : " rollout.name=" + e.rollout, fmt::join(algorithms(), ", "),
+        e.algorithm, e.rollout.empty() ? "" : " rollout.name=" + e.rollout, e.sharding, fmt::join(algorithms(), ", "),
         entries_.front().algorithm);
     if (!rollouts.empty()) {
       out += fmt::format("  rollout.name  <one of {{{}}}> (default: the first of them; online algorithms)\n",
                          fmt::join(rollouts, ", "));
     }
+    out += fmt::format("  sharding.name  <one of {{{}}}> (default: the first of them)\n",
+                       fmt::join(shardings_of(e.algorithm, e.rollout), ", "));
     return out + e.help();
   }
 
  private:
   struct Entry {
-    std::string algorithm, rollout;
+    std::string algorithm, rollout, sharding;
     std::function<int(const ConfigSources&, const std::string&, bool, const std::map<std::string, BatchRewardFn>&)> run;
     std::function<std::string()> help;
   };
 
-  [[nodiscard]] const Entry* find_entry(const std::string& algorithm, const std::string& rollout) const {
+  /// The first entry of `algorithm` with `rollout` ("-": none; empty: any) and `sharding` (empty: any).
+  [[nodiscard]] const Entry* find_entry(const std::string& algorithm, const std::string& rollout,
+                                        const std::string& sharding = {}) const {
     for (const auto& e : entries_) {
-      if (e.algorithm == algorithm && (rollout.empty() || e.rollout == rollout)) return &e;
+      if (e.algorithm == algorithm && (rollout.empty() || e.rollout == rollout || (rollout == "-" && e.rollout.empty())) &&
+          (sharding.empty() || e.sharding == sharding)) {
+        return &e;
+      }
     }
     return nullptr;
   }
 
-  /// The entry of (algorithm, rollout), defaults filled in; an Error naming the valid names.
-  [[nodiscard]] const Entry& resolve(std::string algorithm, const std::string& rollout) const {
+  /// The sharding names registered for `algorithm` with `rollout` (empty: any), in order.
+  [[nodiscard]] std::vector<std::string> shardings_of(const std::string& algorithm, const std::string& rollout) const {
+    std::vector<std::string> out;
+    for (const auto& e : entries_) {
+      if (e.algorithm == algorithm && (rollout.empty() || e.rollout == rollout) &&
+          std::find(out.begin(), out.end(), e.sharding) == out.end()) {
+        out.push_back(e.sharding);
+      }
+    }
+    return out;
+  }
+
+  /// The entry of (algorithm, rollout, sharding), defaults filled in (the first registered that
+  /// fits); an Error naming the valid names.
+  [[nodiscard]] const Entry& resolve(std::string algorithm, const std::string& rollout,
+                                     const std::string& sharding = {}) const {
     HYBRIDRL_CHECK(!entries_.empty(), "no trainer type is registered", "add one: registry.add<MyTrainer>(\"name\")");
     if (algorithm.empty()) algorithm = entries_.front().algorithm;
     const auto names = algorithms();
@@ -754,16 +801,27 @@ class TrainerRegistry {
     if (first->rollout.empty()) {
       HYBRIDRL_CHECK(rollout.empty(), fmt::format("rollout.name = {} is set but algorithm.name = {} generates nothing", rollout, algorithm),
                      fmt::format("remove rollout.name: {} trains on its dataset", algorithm));
-      return *first;
+    } else if (!rollout.empty() && !find_entry(algorithm, rollout)) {
+      std::vector<std::string> valid;
+      for (const auto& e : entries_) {
+        if (e.algorithm == algorithm && std::find(valid.begin(), valid.end(), e.rollout) == valid.end()) {
+          valid.push_back(e.rollout);
+        }
+      }
+      throw Error(fmt::format("rollout.name = \"{}\" is not one of {}", rollout, fmt::join(valid, ", ")),
+                  fmt::format("use rollout.name={} with algorithm.name={}", fmt::join(valid, " or "), algorithm));
     }
-    if (rollout.empty()) return *first;
-    if (const Entry* e = find_entry(algorithm, rollout)) return *e;
-    std::vector<std::string> valid;
-    for (const auto& e : entries_) {
-      if (e.algorithm == algorithm) valid.push_back(e.rollout);
-    }
-    throw Error(fmt::format("rollout.name = \"{}\" is not one of {}", rollout, fmt::join(valid, ", ")),
-                fmt::format("use rollout.name={} with algorithm.name={}", fmt::join(valid, " or "), algorithm));
+    if (const Entry* e = find_entry(algorithm, rollout, sharding)) return *e;
+    const auto valid = shardings_of(algorithm, rollout);
+    const auto with = fmt::format("algorithm.name = {}{}", algorithm, rollout.empty() ? "" : ", rollout.name = " + rollout);
+    const auto known = shardings_of(algorithm, "");
+    const bool typo = std::find(known.begin(), known.end(), sharding) == known.end();
+    throw Error(fmt::format("sharding.name = \"{}\" is not one of {} (with {}){}", sharding, fmt::join(valid, ", "), with,
+                            typo ? nearest_hint(sharding, known) : std::string()),
+                fmt::format("use sharding.name={}{}", fmt::join(valid, " or "),
+                            sharding == "tp3d" ? "; Sharding<TP3D> needs Rollout<Paged> (rollout.name=paged), and an "
+                                                 "offline algorithm with it is a Trainer a program composes"
+                                               : ""));
   }
 
   static std::string nearest_hint(const std::string& name, const std::vector<std::string>& names) {
@@ -776,13 +834,16 @@ class TrainerRegistry {
 };
 
 /// The trainer types of `hybridrl train`: grpo and ppo (rollout.name paged, the default, or
-/// naive), dpo, kto and sft — the presets of trainer/presets.hpp.
+/// naive; sharding.name fsdp, the default, or tp3d with paged), dpo, kto and sft (fsdp) — the
+/// presets of trainer/presets.hpp.
 inline TrainerRegistry builtin_trainers() {
   TrainerRegistry r;
   r.add<GRPOTrainer>("grpo", "paged")
       .add<NaiveGRPOTrainer>("grpo", "naive")
+      .add<TP3DGRPOTrainer>("grpo", "paged")
       .add<PPOTrainer>("ppo", "paged")
       .add<NaivePPOTrainer>("ppo", "naive")
+      .add<TP3DPPOTrainer>("ppo", "paged")
       .add<DPOTrainer>("dpo")
       .add<KTOTrainer>("kto")
       .add<SFTTrainer>("sft");
