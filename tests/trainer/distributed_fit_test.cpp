@@ -655,4 +655,63 @@ TEST_SUITE("trainer/distributed") {
       CHECK(contains(error_of([&] { DistDPO(o).fit(fit_fixture_model(), data, p); }), "Trainer(options, comm->size())"));
     });
   }
+
+  TEST_CASE("DPO on 2 ranks: an epoch's short last batch (3 pairs) is padded with a copy of its first pair, as one process training on that copy") {
+    // Was: the ranks got 2 and 1 pairs, ran 2 and 1 micro-batches of the sharded policy, and the
+    // first rank waited in an all-gather until the collective timeout. Lengths fall in file order,
+    // so the length-sorted batches are [p0..p3] and [p4, p5, p6] (+ p4 padded); the one-process
+    // run's 8th pair is p4 again, which sorts beside p4: its batches are the same rows.
+    FitTempDir tmp("dist_dpo_short");
+    const ByteTokenizer tok;
+    auto pairs = [&](const std::string& name, int copies_of_p4) {
+      const auto path = tmp.path + "/" + name;
+      std::ofstream f(path);
+      auto pair = [](int i) {
+        return nlohmann::json{{"prompt", "q" + std::to_string(i)}, {"chosen", std::string(static_cast<size_t>(12 - i), 'a')},
+                              {"rejected", std::string(static_cast<size_t>(12 - i), 'z')}}.dump();
+      };
+      for (int i = 0; i < 7; ++i) f << pair(i) << "\n";
+      for (int c = 0; c < copies_of_p4; ++c) f << pair(4) << "\n";
+      f.close();
+      return std::make_shared<const PreferenceDataset>(PreferenceDataset::from_jsonl(path, tok, DatasetOptions{}.max_length(64)));
+    };
+    using DistDPO = Trainer<Algorithm<DPO>, Sharding<FSDP>, Loader<Bucketed>>;
+    DistDPO::Options o;
+    o.trainer().seed(5);
+    o.data().train_batch_size(4);
+    o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(1);
+    o.optim().lr(2e-3).weight_decay(0.0);
+    o.sharding().param_dtype(at::kFloat);
+    o.loader().epochs(1).prefetch_factor(0).shuffle(false).drop_last(false).window_batches(0);
+    FitParts quiet;
+    quiet.progress = nullptr;
+    std::vector<std::map<std::string, double>> ref_steps, steps;
+    FitParts rp = quiet;
+    rp.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+    auto one = fit_fixture_model();
+    DistDPO(o).fit(one, pairs("eight.jsonl", 1), rp);
+    REQUIRE(ref_steps.size() == 2);
+    std::mutex m;
+    std::vector<double> rel(2, 1.0);
+    const auto seven = pairs("seven.jsonl", 0);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+      auto policy = fit_fixture_model();
+      DistDPO(o, 2).fit(policy, seven, p);
+      const auto r = dist_weights_rel(policy, one);
+      std::lock_guard<std::mutex> lock(m);
+      rel[static_cast<size_t>(comm.rank())] = r;
+    });
+    for (const auto r : rel) CHECK(r <= 1e-5);
+    REQUIRE(steps.size() == 2);
+    CHECK(steps[0].at("data/repeated_rows") == 0.0);
+    CHECK(steps[1].at("data/repeated_rows") == 1.0);
+    for (size_t s = 0; s < 2; ++s) {
+      CAPTURE(s);
+      CHECK(steps[s].at("dpo/loss") == doctest::Approx(ref_steps[s].at("dpo/loss")).epsilon(1e-5));
+      CHECK(steps[s].at("grad_norm") == doctest::Approx(ref_steps[s].at("grad_norm")).epsilon(1e-5));
+    }
+  }
 }

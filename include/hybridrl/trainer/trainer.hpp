@@ -1056,13 +1056,15 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
     } else {
       batch = got->to(device);
-      if (dp > 1) {  // this rank's rows: as even a split as the batch allows
-        HYBRIDRL_CHECK(batch.size() >= dp,
-                       fmt::format("step {}: a batch of {} rows cannot feed {} data-parallel ranks", step, batch.size(), dp),
-                       "raise data.train_batch_size (or loader.max_tokens_per_batch) to at least one row per rank");
-        const auto base = batch.size() / dp, extra = batch.size() % dp;
-        const auto first = dp_rank * base + std::min(dp_rank, extra);
-        batch = batch.slice(first, first + base + (dp_rank < extra ? 1 : 0));
+      if (dp > 1) {
+        // this rank's rows, equal shares: the ranks' forwards are collective (a sharded policy
+        // and reference), so every rank must run as many mini- and micro-batches. A batch that
+        // does not split (an epoch's short last batch, a token budget's) is padded with copies of
+        // its first rows, as PyTorch's DistributedSampler and verl pad; `data/repeated_rows`.
+        const auto padded = batch.pad_to_divisor(dp);
+        m["data/repeated_rows"] = static_cast<double>(padded.pad_size);
+        const auto share = padded.batch.size() / dp;
+        batch = padded.batch.slice(dp_rank * share, (dp_rank + 1) * share);
       }
     }
     // the reference's scores of the whole batch, once per step
