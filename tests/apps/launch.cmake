@@ -13,7 +13,7 @@
 #    sharded over them (the layout says so) and the run trains its 2 steps.
 # 6. placement.actor=0-1, reference=2, reward=1-2 on 3 ranks trains its 2 steps; placement.reference=5
 #    on 2 ranks is refused before the tokenizer loads; a placed run's checkpoint resumes, its step 3 the
-#    uninterrupted run's.
+#    uninterrupted run's; DPO with placement.reference=2 beside a 2-rank actor trains its 2 steps.
 # 7. trainer.checkpoint_format=sharded on 2 ranks: a shard file per rank (and the HF weights on
 #    request); one process resumes it.
 # 8. sharding.name=tp3d: PPO on 2 ranks, tensor parallel 2; one process resumes its checkpoint.
@@ -146,6 +146,20 @@ list(LENGTH placed_lines n_placed)
 list(GET placed_lines 1 placed_last)
 if(NOT n_placed EQUAL 2 OR NOT placed_last MATCHES "\"reward_mean\":-?[0-9]" OR NOT placed_last MATCHES "\"kl\":")
   message(FATAL_ERROR "the placed run wrote ${n_placed} metrics lines, the last without reward_mean or kl: ${placed_last}")
+endif()
+# ... offline: DPO on ranks 0-1 with the reference on rank 2 (the pairs travel to it, its sums back)
+run_cli(rc err launch --nproc-per-node 3 -- train algorithm.name=dpo model.path=${FIXTURES}/models/llama
+  data.train_files=[${FIXTURES}/data/pairs.jsonl] data.train_batch_size=2 geometry.ppo_mini_batch_size=2
+  trainer.total_steps=2 trainer.output_dir=${WORK}/placed_dpo trainer.save_model=false loader.epochs=0
+  distributed.timeout_s=120 placement.actor=0-1 placement.reference=2)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "placement: actor 0-1, reference 2, reward 0-1 \\(ranks\\)")
+  message(FATAL_ERROR "DPO with placement.actor=0-1 reference=2 on 3 ranks (${rc}): ${err}")
+endif()
+file(STRINGS ${WORK}/placed_dpo/metrics.jsonl dpo_lines)
+list(LENGTH dpo_lines n_dpo)
+list(GET dpo_lines 1 dpo_last)
+if(NOT n_dpo EQUAL 2 OR NOT dpo_last MATCHES "\"dpo/loss\":")
+  message(FATAL_ERROR "the placed DPO run wrote ${n_dpo} metrics lines, the last without dpo/loss: ${dpo_last}")
 endif()
 # ... the placed run's checkpoint resumes (the scoring ranks load no state) and its third step is the
 # uninterrupted run's

@@ -505,10 +505,93 @@ TEST_SUITE("trainer/distributed") {
     DistDPO::Options d;
     d.data().train_batch_size(4);
     d.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(1);
-    d.placement().reference("1");
-    CHECK(contains(error_of([&] { DistDPO(d, 2); }), "which an offline algorithm (DPO, KTO, SFT) does not support yet"));
-    d.placement().reference("").reward("1");
+    d.placement().reward("1");
     CHECK(contains(error_of([&] { DistDPO(d, 2); }), "placement.reward = \"1\" but an offline algorithm has no reward"));
+  }
+
+  TEST_CASE("placement, offline: DPO and KTO with the reference on ranks of their own train as one process does") {
+    // The actor's two ranks hold rows of different widths (lengths vary): each token tensor is
+    // padded to its widest before the rows travel to the reference's ranks, whose per-row sums
+    // come back to the rank that owns the row.
+    FitTempDir tmp("placed_offline");
+    const ByteTokenizer tok;
+    const auto pairs_path = tmp.path + "/pairs.jsonl", labelled_path = tmp.path + "/labelled.jsonl";
+    {
+      std::ofstream pairs(pairs_path), labelled(labelled_path);
+      for (int i = 0; i < 8; ++i) {
+        const char c = static_cast<char>('a' + i);
+        const auto len = static_cast<size_t>(1 + (i * 5) % 7);
+        pairs << nlohmann::json{{"prompt", std::string("say ") + std::string(len, c)}, {"chosen", std::string(len + 1, c)},
+                                {"rejected", std::string(8 - len, 'z')}}.dump() << "\n";
+        labelled << nlohmann::json{{"prompt", std::string(len, c)}, {"completion", i % 2 == 0 ? std::string(len, c) : "zq"},
+                                   {"label", i % 2 == 0}}.dump() << "\n";
+      }
+    }
+    auto run = [&](auto tag, auto data, const char* reference, int world, const char* metric) {
+      using T = typename decltype(tag)::type;
+      typename T::Options o;
+      o.trainer().seed(9).total_steps(2);
+      o.data().train_batch_size(4);
+      o.geometry().ppo_mini_batch_size(4).micro_batch_size_per_gpu(1);
+      o.optim().lr(2e-3).weight_decay(0.0);
+      o.sharding().param_dtype(at::kFloat);
+      o.loader().row_length(64).epochs(1).prefetch_factor(0);
+      FitParts quiet;
+      quiet.progress = nullptr;
+      std::vector<std::map<std::string, double>> ref_steps, steps;
+      FitParts rp = quiet;
+      rp.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
+      auto one = fit_fixture_model();
+      T(o).fit(one, data, rp);
+      REQUIRE(ref_steps.size() == 2);
+      auto placed = o;
+      placed.placement().actor("0-1").reference(reference);
+      std::mutex m;
+      std::vector<double> rel(static_cast<size_t>(world), 1.0);
+      std::vector<int64_t> ran(static_cast<size_t>(world), -1);
+      run_on("thread", world, [&](Communicator& comm) {
+        FitParts p = quiet;
+        p.comm = dist_borrowed(comm);
+        if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+        auto policy = fit_fixture_model();
+        const auto r = T(placed, world).fit(policy, data, p);
+        const auto w = comm.rank() < 2 ? dist_weights_rel(policy, one) : 0.0;
+        std::lock_guard<std::mutex> lock(m);
+        rel[static_cast<size_t>(comm.rank())] = w;
+        ran[static_cast<size_t>(comm.rank())] = r.steps;
+      });
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(r);
+        CHECK(rel[static_cast<size_t>(r)] <= 1e-5);
+        CHECK(ran[static_cast<size_t>(r)] == 2);
+      }
+      REQUIRE(steps.size() == 2);
+      for (size_t s = 0; s < 2; ++s) {
+        CAPTURE(s);
+        CHECK(steps[s].at(metric) == doctest::Approx(ref_steps[s].at(metric)).epsilon(1e-5));
+        CHECK(steps[s].at("grad_norm") == doctest::Approx(ref_steps[s].at("grad_norm")).epsilon(1e-5));
+        CHECK(ref_steps[s].at("grad_norm") > 0.0);
+        CHECK(steps[s].at("sharding/reference_elements_per_rank") == 0.0);  // the actor's ranks hold none of it
+      }
+    };
+    // the rows' journey: rank 1's narrower token tensors are padded with 0 to rank 0's width
+    run_on("thread", 2, [&](Communicator& comm) {
+      const int64_t w = comm.rank() == 0 ? 5 : 3;
+      TensorBatch mine;
+      mine.set("input_ids", at::full({2, w}, comm.rank() + 1, at::kLong));
+      mine.set("attention_mask", at::ones({2, w}, at::kLong));
+      mine.set("desirable", at::full({2}, comm.rank(), at::kLong));
+      const auto all = hybridrl::detail::gather_padded_rows(mine, comm, at::kCPU);
+      CHECK(all.size() == 4);
+      CHECK(all.tensor("input_ids").sizes() == at::IntArrayRef{4, 5});
+      CHECK(at::equal(all.tensor("attention_mask").sum(1), at::tensor({5, 5, 3, 3}, at::kLong)));
+      CHECK(at::equal(all.tensor("input_ids")[2], at::tensor({2, 2, 2, 0, 0}, at::kLong)));
+      CHECK(at::equal(all.tensor("desirable"), at::tensor({0, 0, 1, 1}, at::kLong)));
+    });
+    auto pairs = std::make_shared<const PreferenceDataset>(PreferenceDataset::from_jsonl(pairs_path, tok, DatasetOptions{}.max_length(64)));
+    auto labelled = std::make_shared<const LabelledDataset>(LabelledDataset::from_jsonl(labelled_path, tok, DatasetOptions{}.max_length(64)));
+    SUBCASE("DPO, the reference on rank 2 of 3") { run(std::type_identity<DPOTrainer>{}, pairs, "2", 3, "dpo/loss"); }
+    SUBCASE("KTO, the reference sharded over ranks 2-3 of 4") { run(std::type_identity<KTOTrainer>{}, labelled, "2-3", 4, "loss"); }
   }
 
   TEST_CASE("GRPO with Sharding<TP3D> (tensor 2; data 2 × tensor 2) fits as one process does; weights go to a TP = 1 rollout") {

@@ -208,10 +208,6 @@ struct PlacementOptions {
     std::set<int64_t> used(actor.begin(), actor.end());
     const auto reference = reference_ranks(world), reward = reward_ranks(world);
     if (!online) {
-      HYBRIDRL_CHECK(reference == actor,
-                     fmt::format("reference = \"{}\" is not the actor's ranks, which an offline algorithm "
-                                 "(DPO, KTO, SFT) does not support yet", reference_),
-                     "leave placement.reference unset: the reference is sharded over the actor's ranks as the policy is");
       HYBRIDRL_CHECK(reward_.empty(), fmt::format("reward = \"{}\" but an offline algorithm has no reward", reward_),
                      "leave placement.reward unset");
     }

@@ -1,18 +1,19 @@
 #pragma once
 /// \file
 /// Placement at run time (placement.*, trainer/options.hpp): the process group's sub-groups for
-/// the actor and the frozen models, and the exchange that takes a step's rollout batch to the
-/// ranks that score it and their scores back.
+/// the actor and the frozen models, and the exchange that takes a step's batch (a rollout batch
+/// online, the loader's rows offline) to the ranks that score it and their scores back.
 ///
 /// One exchange, every rank of the group in it (collective):
-///   1. the actor's ranks pad their rollout rows to the actor's longest prompt and response and
-///      all-gather them (rank order); with ranks outside the actor, rank 0 broadcasts the whole
-///      batch to every rank;
+///   1. the actor's ranks pad their rows — a rollout batch to the actor's longest prompt and
+///      response, an offline batch each token tensor to its widest — and all-gather them (rank
+///      order); with ranks outside the actor, rank 0 broadcasts the whole batch to every rank;
 ///   2. the scorers (the reference's or the reward's ranks) take equal shares of it (padded by
 ///      repeated rows to a multiple of their count: a sharded model's forwards run in lock step)
 ///      and score them; an error on a scorer travels with its share, so every rank throws it;
 ///   3. each scorer's share is broadcast to every rank; each actor rank keeps its own rows, their
-///      response-aligned columns cut back to its own response length.
+///      token-aligned columns cut back to its own width (the response length online, the
+///      input_ids width offline).
 /// Ranks outside the actor wait in a loop for rank 0's signal (score rewards, score the
 /// reference, done, or the actor stopped with an error) and take part in each exchange.
 
@@ -153,14 +154,53 @@ inline TensorBatch gather_rollout_rows(const TensorBatch& batch, Communicator& c
   return all_gather(pad_rollout_batch(batch, longest[0].item<int64_t>(), longest[1].item<int64_t>(), pad_id), comm, dev);
 }
 
-/// Step 1: every rank of the world gets the actor's whole rollout batch. `mine` is this actor
-/// rank's batch (nullptr off the actor).
+/// `batch` (an offline batch: every rank the same keys) with each 2-D tensor right-padded with 0
+/// to its widest over the ranks of `comm` (its masks 0 there: the padding is not scored) and
+/// all-gathered in rank order (collective; on `dev`).
+inline TensorBatch gather_padded_rows(const TensorBatch& batch, Communicator& comm, at::Device dev) {
+  std::vector<int64_t> widths;
+  for (const auto& [k, t] : batch.tensors()) {
+    if (t.dim() == 2) widths.push_back(t.size(1));
+  }
+  TensorBatch padded = batch;
+  if (!widths.empty()) {
+    auto longest = at::tensor(widths, at::kLong).to(dev);
+    comm.all_reduce(longest, ReduceOp::max);
+    longest = longest.to(at::kCPU);
+    int64_t i = 0;
+    for (const auto& [k, t] : batch.tensors()) {
+      if (t.dim() != 2) continue;
+      const auto w = longest[i++].item<int64_t>();
+      if (w > t.size(1)) padded.set(k, at::constant_pad_nd(t, {0, w - t.size(1)}, 0));
+    }
+  }
+  return all_gather(padded, comm, dev);
+}
+
+/// Whether `batch` is a rollout batch (prompts and responses) rather than an offline one.
+inline bool is_rollout_batch(const TensorBatch& batch) {
+  return batch.has_tensor(keys::prompts.str()) && batch.has_tensor(keys::responses.str());
+}
+
+/// Step 1: every rank of the world gets the actor's whole batch. `mine` is this actor rank's
+/// batch (nullptr off the actor).
 inline TensorBatch placed_whole(const TensorBatch* mine, const Placement& pl, int64_t pad_id, bool columns,
                                 at::Device dev) {
   TensorBatch whole;
   if (mine != nullptr) {
-    whole = travelling_rows(*mine, columns);
-    if (pl.actor_comm && pl.actor_comm->size() > 1) whole = gather_rollout_rows(whole, *pl.actor_comm, pad_id, dev);
+    const bool rollout = is_rollout_batch(*mine);
+    if (rollout) {
+      whole = travelling_rows(*mine, columns);
+    } else {  // an offline batch: all of it is input
+      for (const auto& [k, t] : mine->tensors()) whole.set(k, t);
+      if (columns) {
+        for (const auto& [k, c] : mine->columns()) whole.set_column(k, c);
+      }
+    }
+    if (pl.actor_comm && pl.actor_comm->size() > 1) {
+      whole = rollout ? gather_rollout_rows(whole, *pl.actor_comm, pad_id, dev)
+                      : gather_padded_rows(whole, *pl.actor_comm, dev);
+    }
   }
   if (pl.has_servers()) whole = broadcast(whole, *pl.world, 0, dev);
   return whole.to(dev);
@@ -200,8 +240,9 @@ inline TensorBatch placed_scores(const TensorBatch& whole, const Placement& pl, 
   return TensorBatch::concat(parts).slice(0, rows);
 }
 
-/// Step 3's end: this actor rank's rows of the exchange's result, response-aligned tensors
-/// ([rows, R] of the padded batch) cut to `mine`'s own response length, on `dev`.
+/// Step 3's end: this actor rank's rows of the exchange's result, token-aligned tensors ([rows, W]
+/// of the padded batch) cut to `mine`'s own width — its response length online, its input_ids
+/// width offline — on `dev`.
 inline TensorBatch placed_rows(const TensorBatch& scores, const Placement& pl, const TensorBatch& mine, at::Device dev) {
   const auto actors = static_cast<int64_t>(pl.actor.size());
   const auto index = std::lower_bound(pl.actor.begin(), pl.actor.end(), pl.rank) - pl.actor.begin();
@@ -210,10 +251,18 @@ inline TensorBatch placed_rows(const TensorBatch& scores, const Placement& pl, c
                              mine.size()),
                  "give every actor rank the same number of rows (data.train_batch_size a multiple of the actor's ranks)");
   const auto own = scores.slice(index * mine.size(), (index + 1) * mine.size());
-  const auto R = mine.tensor(keys::responses).size(1);
+  const bool rollout = is_rollout_batch(mine);
+  const int64_t R = rollout                                       ? mine.tensor(keys::responses).size(1)
+                    : mine.has_tensor(keys::input_ids.str()) ? mine.tensor(keys::input_ids).size(1)
+                                                              : -1;
   TensorBatch out;
   for (const auto& [key, t] : own.tensors()) {
     auto v = t;
+    HYBRIDRL_CHECK(v.dim() < 2 || R >= 0,
+                   fmt::format("placement: the scorers' '{}' is per token, but this offline batch has no input_ids "
+                               "to align it with", key),
+                   "have the reference produce per-row values (the *_log_probs_sum keys) for this data kind, or "
+                   "leave placement.reference unset");
     if (v.dim() >= 2 && v.size(1) > R) v = v.narrow(1, 0, R);
     out.set(key, v.contiguous().to(dev));
   }

@@ -761,7 +761,6 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
   }
   if (!pl.in_actor()) {  // a rank outside the actor scores what rank 0 sends until it says done
-    HYBRIDRL_CHECK(has_rollout, "placement: a rank outside the actor in an offline run", "leave placement.* unset");
     while (true) {
       const auto sig = detail::placed_signal(*pl.world, device);
       const auto op = static_cast<detail::PlacedOp>(sig[0]);
