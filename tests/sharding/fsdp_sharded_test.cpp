@@ -319,4 +319,67 @@ TEST_SUITE("sharding/fsdp_sharded") {
     for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().filename().string().find(io::kTempMarker) == std::string::npos);
     CHECK(CheckpointManager(dir, 2).latest() == std::optional<std::string>(path));
   }
+
+  TEST_CASE("cpu_offload: master slices, gradients and AdamW state on the CPU; training as without it (1 and 2 ranks); on CUDA the GPU holds none of them") {
+    const auto optim = OptimizerOptions{}.lr(1e-2).max_grad_norm(0.5).weight_decay(0.1);
+    const auto opts = FSDPOptions{}.param_dtype(at::kFloat);
+    FSDPEngine plain(sharded_fixture(), opts, optim, 10);
+    const auto ref_norms = train_three(plain, 0, 8);
+    const auto ref = exported(plain);
+    // one process: the units' machinery with a group of one, the slices on the CPU
+    FSDPEngine one(sharded_fixture(), FSDPOptions(opts).cpu_offload(true), optim, 10);
+    CHECK(one.shard_count() == 1);
+    const auto norms = train_three(one, 0, 8);
+    for (size_t s = 0; s < 3; ++s) CHECK(norms[s] == doctest::Approx(ref_norms[s]).epsilon(1e-5));
+    CHECK(worst_rel(exported(one), ref) <= 1e-5);
+    CHECK(one.local_parameter_elements() == plain.local_parameter_elements());
+    // its state is the plain engine's layout: it resumes there, and the other way round
+    FSDPEngine back(sharded_fixture(), opts, optim, 10);
+    back.load_state_dict(one.state_dict());
+    CHECK(worst_rel(exported(back), ref) <= 1e-5);
+    FSDPEngine forth(sharded_fixture(), FSDPOptions(opts).cpu_offload(true), optim, 10);
+    forth.load_state_dict(plain.state_dict());
+    (void)train_three(forth, 0, 8);
+    (void)train_three(plain, 0, 8);
+    CHECK(worst_rel(exported(forth), exported(plain)) <= 1e-5);
+    // two ranks offloading: as one process
+    std::mutex m;
+    std::vector<double> rel(2, 1.0);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FSDPEngine e(sharded_fixture(), FSDPOptions(opts).cpu_offload(true), optim, 10, borrowed(comm));
+      const auto n = train_three(e, comm.rank() * 4, 4);
+      const auto w = worst_rel(exported(e), ref);
+      std::lock_guard<std::mutex> lock(m);
+      rel[static_cast<size_t>(comm.rank())] = w;
+      for (size_t s = 0; s < 3; ++s) CHECK(n[s] == doctest::Approx(ref_norms[s]).epsilon(1e-5));
+    });
+    for (const auto r : rel) CHECK(r <= 1e-5);
+    if (!at::hasCUDA()) {
+      MESSAGE("no CUDA device: the GPU memory half of this case runs on GPU machines");
+      return;
+    }
+    // on CUDA: what a trained engine keeps allocated on the GPU beyond the model it was given —
+    // without offload its gradients and AdamW moments (12 bytes per parameter), with offload
+    // nothing (the model's parameters are emptied: 4 bytes per parameter fewer)
+    const auto cuda = at::Device(at::kCUDA, 0);
+    auto held = [&](bool offload, std::map<std::string, at::Tensor>* weights) {
+      auto model = sharded_fixture();
+      model->to(cuda);
+      const auto before = hybridrl::detail::compat::cuda_memory(0).allocated;
+      FSDPEngine e(model, FSDPOptions(opts).cpu_offload(offload), optim, 10);
+      (void)train_three(e, 0, 8);
+      const auto after = hybridrl::detail::compat::cuda_memory(0).allocated;
+      *weights = exported(e);
+      for (auto& [k, t] : *weights) t = t.cpu();
+      return static_cast<int64_t>(after) - static_cast<int64_t>(before);
+    };
+    std::map<std::string, at::Tensor> on_gpu, offloaded;
+    const auto plain_bytes = held(false, &on_gpu), offload_bytes = held(true, &offloaded);
+    const auto params = plain.total_parameter_elements();
+    CAPTURE(plain_bytes);
+    CAPTURE(offload_bytes);
+    CHECK(plain_bytes >= 12 * params);
+    CHECK(offload_bytes <= 0);
+    CHECK(worst_rel(offloaded, on_gpu) <= 1e-5);
+  }
 }

@@ -182,6 +182,35 @@ TEST_SUITE("trainer/distributed") {
     CHECK(dist_weights_rel(resumed, one) <= 1e-5);
   }
 
+  TEST_CASE("sharding.cpu_offload: GRPO on one process and on 2 ranks trains as without it") {
+    FitTempDir tmp("dist_offload");
+    auto prompts = fixture_prompts(tmp.path);
+    FitParts quiet;
+    quiet.progress = nullptr;
+    auto run = one_process_grpo(3, prompts);
+    auto o = dist_grpo_options(3);
+    o.sharding().cpu_offload(true);
+    std::vector<std::map<std::string, double>> steps;
+    FitParts p1 = quiet;
+    p1.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
+    auto alone = fit_fixture_model();
+    DistGRPO(o).fit(alone, prompts, dist_reward, p1);
+    CHECK(dist_weights_rel(alone, run.model) <= 1e-5);
+    check_steps_like(steps, run.steps);
+    std::mutex m;
+    std::vector<double> rel(2, 1.0);
+    run_on("thread", 2, [&](Communicator& comm) {
+      FitParts p = quiet;
+      p.comm = dist_borrowed(comm);
+      auto policy = fit_fixture_model();
+      DistGRPO(o, 2).fit(policy, prompts, dist_reward, p);
+      const auto r = dist_weights_rel(policy, run.model);
+      std::lock_guard<std::mutex> lock(m);
+      rel[static_cast<size_t>(comm.rank())] = r;
+    });
+    for (const auto r : rel) CHECK(r <= 1e-5);
+  }
+
   TEST_CASE("GRPO on 2 ranks, trainer.checkpoint_format=sharded: a file per rank, HF weights on request; resumed on 1 and on 4 as the uninterrupted run") {
     namespace fs = std::filesystem;
     FitTempDir tmp("dist_shards");

@@ -72,7 +72,8 @@ class ShardedFrozen {
   /// A frozen copy of an FSDP engine's weights as they stand: `skeleton` (the same architecture,
   /// its parameters uninitialised or empty, on any device) takes copies of this rank's slices of
   /// `trained` — no communication; the skeleton's parameters are emptied and it moves to the
-  /// slices' device.
+  /// device the units compute on (the slices stay where the engine keeps them: on the CPU when
+  /// it offloads).
   ShardedFrozen(Model skeleton, const detail::fsdp::State& trained, at::ScalarType param_dtype)
       : model_(std::move(skeleton)), param_dtype_(param_dtype) {
     freeze();
@@ -89,6 +90,7 @@ class ShardedFrozen {
       u.numel = t.numel;
       u.padded = t.padded;
       u.slice = t.slice.detach().clone();
+      u.device = t.device;
       for (const auto& n : u.names) {
         auto* p = named.find(n);
         HYBRIDRL_CHECK(p != nullptr, fmt::format("ShardedFrozen: the model has no parameter '{}'", n),
@@ -98,7 +100,7 @@ class ShardedFrozen {
       }
       sh_->units.push_back(std::move(u));
     }
-    if (!sh_->units.empty()) model_->to(sh_->units.back().slice.device());  // the empty parameters and the buffers
+    if (!sh_->units.empty()) model_->to(sh_->units.back().device);  // the empty parameters and the buffers
     model_->model->set_layer_runner(detail::fsdp::sharded_layer_runner(&sh_->units, &sh_->groups, param_dtype_,
                                                                        param_dtype_, /*recompute=*/false));
   }

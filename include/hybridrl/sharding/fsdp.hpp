@@ -56,7 +56,11 @@ struct FSDPOptions {
   HYBRIDRL_ARG(c10::ScalarType, param_dtype) = c10::ScalarType::BFloat16;
   /// dtype in which gradients are reduce-scattered.
   HYBRIDRL_ARG(c10::ScalarType, reduce_dtype) = c10::ScalarType::Float;
-  /// Keep sharded parameters and optimizer state on the CPU between uses.
+  /// Keep this rank's master slices, their gradients and the AdamW state in (pinned) CPU memory
+  /// (ZeRO-Offload; FSDP's CPUOffload): a unit's slice is copied to the compute device for its
+  /// all-gather, its gradient back after the reduce-scatter, and AdamW steps on the CPU. Frees
+  /// 16 bytes per parameter ÷ shards (fp32 master, gradient, two moments) on the GPU, for
+  /// host-device copies and a CPU optimizer step. Works on one process too.
   HYBRIDRL_ARG(bool, cpu_offload) = false;
   /// Recompute each decoder block in backward instead of storing its activations (the one owner
   /// of this knob; the model applies it through its layer runner).
@@ -119,7 +123,7 @@ class BasicFSDPEngine {
     options_.check_world(world);
     model_->train();
     const auto master = model_->parameters().front().scalar_type();
-    if (world == 1) {
+    if (world == 1 && !options_.cpu_offload()) {
       std::vector<at::Tensor> params;
       for (auto& p : model_->parameters()) {
         if (p.requires_grad()) params.push_back(p);
@@ -135,17 +139,24 @@ class BasicFSDPEngine {
                    "Sharding<FSDP>: the model is tensor-parallel (tp_size > 1)",
                    "shard a full model with FSDP; tensor parallelism is Sharding<TP3D>'s");
     sh_ = std::make_unique<detail::fsdp::State>();
-    sh_->groups = detail::fsdp::make_groups(comm_, options_.shard_group_size());
+    if (world > 1) sh_->groups = detail::fsdp::make_groups(comm_, options_.shard_group_size());  // one process offloading: no group
     sh_->units = detail::fsdp::make_units(model_->named_parameters(), model_->model->config().num_hidden_layers,
                                           sh_->groups, /*trainable=*/true, "Sharding<FSDP>");
     std::vector<at::Tensor> slices;
     for (auto& u : sh_->units) {
+      if (options_.cpu_offload()) {  // the master slice and (so) its AdamW state live on the CPU
+        c10::NoGradGuard ng;
+        auto host = u.slice.detach().to(at::kCPU);
+        if (u.device.is_cuda()) host = host.pin_memory();  // page-locked: faster copies to the GPU
+        u.slice = host.requires_grad_(true);
+      }
       slices.push_back(u.slice);
       shard_elements_ += u.slice.numel();
       total_elements_ += u.numel;
     }
     optimizer_ = std::make_unique<Optimizer>(std::move(slices), optim, total_steps);
-    optimizer_->set_norm_group(sh_->groups.shard.get());  // the slices of one shard group tile the model
+    // the slices of one shard group tile the model; the norm's all-reduce runs where the units compute
+    optimizer_->set_norm_group(sh_->groups.shard.get(), {}, sh_->units.back().device);
     model_->model->set_layer_runner(detail::fsdp::sharded_layer_runner(
         &sh_->units, &sh_->groups, options_.param_dtype(), options_.reduce_dtype(), options_.activation_checkpointing()));
   }
@@ -190,7 +201,7 @@ class BasicFSDPEngine {
   /// [B, T]. Uses attention_mask, position_ids and cu_seqlens (packed rows) when present.
   TensorBatch forward(const TensorBatch& batch) {
     if (sh_) detail::fsdp::gather(sh_->units.back(), sh_->groups, options_.param_dtype());  // the root, until step()
-    const auto dev = sh_ ? sh_->units.back().slice.device() : model_->parameters().front().device();
+    const auto dev = sh_ ? sh_->units.back().device : model_->parameters().front().device();
     return detail::score_batch(model_, batch, log_prob_options_, dev, "Sharding<FSDP>");
   }
 
@@ -248,8 +259,8 @@ class BasicFSDPEngine {
       for (size_t i = 0; i < u.params.size(); ++i) s["model." + u.names[i]] = unflat(w, i);
       const auto key = std::to_string(ui) + ".";
       if (opt.count(key + "exp_avg") == 0) continue;  // never stepped
-      const auto m = detail::fsdp::gather_slices(opt.at(key + "exp_avg"), u.padded, sh_->groups, dtype);
-      const auto v = detail::fsdp::gather_slices(opt.at(key + "exp_avg_sq"), u.padded, sh_->groups, dtype);
+      const auto m = detail::fsdp::gather_slices(opt.at(key + "exp_avg"), u.padded, sh_->groups, dtype, u.device);
+      const auto v = detail::fsdp::gather_slices(opt.at(key + "exp_avg_sq"), u.padded, sh_->groups, dtype, u.device);
       for (size_t i = 0; i < u.params.size(); ++i) {
         const auto k = "optimizer." + std::to_string(u.index[i]) + ".";
         s[k + "exp_avg"] = unflat(m, i);

@@ -94,6 +94,7 @@ struct Unit {
   int64_t numel = 0;                               ///< elements of the unit
   int64_t padded = 0;                              ///< numel rounded up to a multiple of the shard count
   at::Tensor slice;                                ///< [padded / shards] master dtype, a leaf with grad
+  at::Device device = at::kCPU;                    ///< where the unit computes: gathers and gradients live there
   bool gathered = false;
   int pending = 0;  ///< kept graphs (no recompute) still to run backward through the gathered weights
 };
@@ -125,6 +126,7 @@ inline void init_unit(Unit& u, const Groups& g, bool trainable = true) {
   }
   const auto part = u.padded / S;
   u.slice = flat.narrow(0, r * part, part).clone().requires_grad_(trainable);
+  u.device = opts.device();
   for (auto& p : u.params) p.set_data(at::empty({0}, opts));
   u.gathered = false;
 }
@@ -162,10 +164,12 @@ std::vector<Unit> make_units(const Named& named, int64_t num_layers, const Group
 }
 
 /// The whole flat unit [padded] of which `local` is this rank's slice (the parameters, or a
-/// slice-shaped optimizer moment), all-gathered over the shard group, in `dtype`.
-inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, const Groups& g, at::ScalarType dtype) {
+/// slice-shaped optimizer moment), all-gathered over the shard group, in `dtype`, on `device`
+/// (where the unit computes: a slice offloaded to the CPU comes back for the gather).
+inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, const Groups& g, at::ScalarType dtype,
+                                at::Device device) {
   c10::NoGradGuard ng;
-  const auto local = local_slice.detach().to(dtype);
+  const auto local = local_slice.detach().to(device, dtype);
   at::Tensor full = at::empty({padded}, local.options());
   if (g.shards() > 1) {
     g.shard->all_gather_into(full, local);
@@ -177,7 +181,7 @@ inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, c
 
 /// The whole flat unit `u` [padded], all-gathered from the ranks' slices, in `dtype`.
 inline at::Tensor gather_flat(const Unit& u, const Groups& g, at::ScalarType dtype) {
-  return gather_slices(u.slice, u.padded, g, dtype);
+  return gather_slices(u.slice, u.padded, g, dtype, u.device);
 }
 
 /// This rank's slice of a unit given as one tensor per parameter (full shapes): [padded / shards].
@@ -208,11 +212,11 @@ inline void release(Unit& u) {
 
 /// The gradient of the whole unit `grads` (one per parameter, undefined = zero) reduced over the
 /// ranks into this rank's slice: [padded / shards], the average over all ranks, in `reduce_dtype`
-/// on the wire, returned in the slice's dtype.
+/// on the wire (on the unit's device), returned in the slice's dtype on the slice's device.
 inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::vector<at::Tensor>& grads,
                                    at::ScalarType reduce_dtype) {
   c10::NoGradGuard ng;
-  at::Tensor flat = at::zeros({u.padded}, u.slice.options().dtype(reduce_dtype).requires_grad(false));
+  at::Tensor flat = at::zeros({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(u.device));
   for (size_t i = 0; i < grads.size(); ++i) {
     if (grads[i].defined()) flat.narrow(0, u.offsets[i], grads[i].numel()).copy_(grads[i].reshape({-1}));
   }
@@ -229,7 +233,7 @@ inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::ve
     world *= g.replicate->size();
   }
   part.div_(world);
-  return part.to(u.slice.scalar_type());
+  return part.to(u.slice.device(), u.slice.scalar_type());
 }
 
 /// What a layer unit's node needs to gather, run and reduce.

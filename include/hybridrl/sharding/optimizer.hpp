@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,7 +99,8 @@ inline double lr_factor(const OptimizerOptions& o, int64_t step, int64_t total_s
 /// before the reduction: 1 / group size for a parameter every rank of the group holds whole (a
 /// tensor-parallel model's norms), so it counts once.
 inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
-                                 Communicator* group = nullptr, const std::vector<double>& square_weights = {}) {
+                                 Communicator* group = nullptr, const std::vector<double>& square_weights = {},
+                                 std::optional<at::Device> collective_device = std::nullopt) {
   c10::NoGradGuard no_grad;
   HYBRIDRL_CHECK(square_weights.empty() || square_weights.size() == params.size(),
                  fmt::format("clip_grad_norm: {} square weights for {} parameters", square_weights.size(), params.size()),
@@ -125,10 +127,10 @@ inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double m
   }
   auto sq = squares.empty() ? at::zeros({}, params.empty() ? at::TensorOptions(acc) : params.front().options().dtype(acc))
                             : at::stack(squares).sum();
-  if (global) {
-    auto all = sq.reshape({1});
+  if (global) {  // on `collective_device` when given (NCCL wants CUDA tensors; offloaded gradients are on the CPU)
+    auto all = collective_device ? sq.reshape({1}).to(*collective_device) : sq.reshape({1});
     group->all_reduce(all, ReduceOp::sum);
-    sq = all.reshape({});
+    sq = all.to(sq.device()).reshape({});
   }
   auto norm = sq.sqrt();
   if (max_norm > 0.0) {
@@ -174,7 +176,7 @@ class Optimizer {
   Result step() {
     Result r;
     r.lr = options_.lr() * lr_factor(options_, step_, total_steps_);
-    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_, square_weights_);
+    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_, square_weights_, collective_device_);
     r.skipped = !r.grad_norm.isfinite().item<bool>();
     if (!r.skipped) {
       for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
@@ -190,13 +192,17 @@ class Optimizer {
   /// The group over which `params` tile the model (a sharded engine's shard group): the gradient
   /// norm, and so clipping and the non-finite skip, are global over it. nullptr: this rank alone.
   /// `square_weights` as clip_grad_norm takes them (one per parameter; empty: all 1).
-  void set_norm_group(Communicator* group, std::vector<double> square_weights = {}) {
+  /// `collective_device`: where the norm's all-reduce runs when the parameters live elsewhere
+  /// (offloaded to the CPU beside an NCCL group).
+  void set_norm_group(Communicator* group, std::vector<double> square_weights = {},
+                      std::optional<at::Device> collective_device = std::nullopt) {
     HYBRIDRL_CHECK(square_weights.empty() || square_weights.size() == params_.size(),
                    fmt::format("Optimizer::set_norm_group: {} square weights for {} parameters", square_weights.size(),
                                params_.size()),
                    "give one weight per parameter, or none");
     norm_group_ = group;
     square_weights_ = std::move(square_weights);
+    collective_device_ = collective_device;
   }
 
   /// Optimizer steps taken (skipped ones included).
@@ -266,6 +272,7 @@ class Optimizer {
   std::unique_ptr<torch::optim::AdamW> adam_;
   Communicator* norm_group_ = nullptr;
   std::vector<double> square_weights_;
+  std::optional<at::Device> collective_device_;
   int64_t step_ = 0, skipped_ = 0;
 };
 

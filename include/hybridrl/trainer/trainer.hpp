@@ -1262,11 +1262,11 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   }
   save();
   log.write_plot();
-  if (world > 1) {  // sharded: the trained weights into the policy (and critic) on every rank, as on one process
-    if constexpr (requires { engine.materialize(); }) engine.materialize();
-    if constexpr (has_critic) {
-      if constexpr (requires { critic->materialize(); }) critic->materialize();
-    }
+  // sharded (over ranks, or one process offloading to the CPU): the trained weights into the
+  // policy (and critic) on every rank, as the one-process engine leaves them
+  if constexpr (requires { engine.materialize(); }) engine.materialize();
+  if constexpr (has_critic) {
+    if constexpr (requires { critic->materialize(); }) critic->materialize();
   }
   if (!t.output_dir().empty() && t.save_model() && lead) {
     const auto dir = (std::filesystem::path(t.output_dir()) / "model").string();
