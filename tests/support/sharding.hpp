@@ -39,7 +39,7 @@ inline TensorBatch sharded_rows(int64_t first, int64_t count) {
 template <class E>
 at::Tensor row_mean_loss(E& e, const TensorBatch& b) {
   auto lp = e.forward(b).tensor(keys::log_probs);
-  auto m = b.tensor(keys::response_mask).to(lp.dtype());
+  auto m = b.tensor(keys::response_mask).to(lp.device(), lp.dtype());
   return -((lp * m).sum(1) / m.sum(1)).mean();
 }
 // Full weights by name, from export_weights.
