@@ -31,6 +31,21 @@ function(expect_metrics_lines n why)
     message(FATAL_ERROR "metrics.jsonl has ${got} lines, expected ${n} (${why})")
   endif()
 endfunction()
+# `dir`/metrics.jsonl has `n` lines and the last matches every regex after `why`.
+function(expect_last_metrics dir n why)
+  file(STRINGS ${dir}/metrics.jsonl lines)
+  list(LENGTH lines got)
+  if(NOT got EQUAL n)
+    message(FATAL_ERROR "${why}: metrics.jsonl has ${got} lines, expected ${n}")
+  endif()
+  math(EXPR last "${n} - 1")
+  list(GET lines ${last} line)
+  foreach(want ${ARGN})
+    if(NOT line MATCHES "${want}")
+      message(FATAL_ERROR "${why}: the last metrics line has no ${want}: ${line}")
+    endif()
+  endforeach()
+endfunction()
 set(args algorithm.name=grpo rollout.name=naive task.name=reverse model.init=tiny trainer.output_dir=${WORK}/run
   trainer.save_every=2 data.train_batch_size=4 rollout.n=4 rollout.max_new_tokens=4
   geometry.ppo_mini_batch_size=4 geometry.micro_batch_size_per_gpu=8 optim.lr=1e-3 distributed.timeout_s=120)
@@ -121,12 +136,7 @@ run_cli(rc err launch --nproc-per-node 2 -- train algorithm.name=grpo rollout.na
 if(NOT rc EQUAL 0 OR NOT err MATCHES "the reward model is sharded over 2 ranks")
   message(FATAL_ERROR "GRPO with a reward model on 2 ranks (${rc}): ${err}")
 endif()
-file(STRINGS ${WORK}/rm/metrics.jsonl rm_lines)
-list(LENGTH rm_lines n_rm)
-list(GET rm_lines 1 rm_last)
-if(NOT n_rm EQUAL 2 OR NOT rm_last MATCHES "\"reward_mean\":-?[0-9]")
-  message(FATAL_ERROR "the 2-rank reward-model run wrote ${n_rm} metrics lines, the last without a reward_mean: ${rm_last}")
-endif()
+expect_last_metrics(${WORK}/rm 2 "the 2-rank reward-model run" "\"reward_mean\":-?[0-9]")
 
 # 6. placement: ranks 0-1 generate and train, rank 2 holds the reference, ranks 1-2 the reward
 #    model (sharded over them); a map past the world is refused before anything loads
@@ -141,12 +151,7 @@ if(NOT rc EQUAL 0 OR NOT err MATCHES "the reward model is sharded over 2 ranks"
    OR NOT err MATCHES "3 ranks \\(torchrun, gloo backend\\): data parallel 2 \\(placement.actor\\)")
   message(FATAL_ERROR "GRPO with placement.actor=0-1 reference=2 reward=1-2 on 3 ranks (${rc}): ${err}")
 endif()
-file(STRINGS ${WORK}/placed/metrics.jsonl placed_lines)
-list(LENGTH placed_lines n_placed)
-list(GET placed_lines 1 placed_last)
-if(NOT n_placed EQUAL 2 OR NOT placed_last MATCHES "\"reward_mean\":-?[0-9]" OR NOT placed_last MATCHES "\"kl\":")
-  message(FATAL_ERROR "the placed run wrote ${n_placed} metrics lines, the last without reward_mean or kl: ${placed_last}")
-endif()
+expect_last_metrics(${WORK}/placed 2 "the placed run" "\"reward_mean\":-?[0-9]" "\"kl\":")
 # ... offline: DPO on ranks 0-1 with the reference on rank 2 (the pairs travel to it, its sums back)
 run_cli(rc err launch --nproc-per-node 3 -- train algorithm.name=dpo model.path=${FIXTURES}/models/llama
   data.train_files=[${FIXTURES}/data/pairs.jsonl] data.train_batch_size=2 geometry.ppo_mini_batch_size=2
@@ -155,12 +160,7 @@ run_cli(rc err launch --nproc-per-node 3 -- train algorithm.name=dpo model.path=
 if(NOT rc EQUAL 0 OR NOT err MATCHES "placement: actor 0-1, reference 2, reward 0-1 \\(ranks\\)")
   message(FATAL_ERROR "DPO with placement.actor=0-1 reference=2 on 3 ranks (${rc}): ${err}")
 endif()
-file(STRINGS ${WORK}/placed_dpo/metrics.jsonl dpo_lines)
-list(LENGTH dpo_lines n_dpo)
-list(GET dpo_lines 1 dpo_last)
-if(NOT n_dpo EQUAL 2 OR NOT dpo_last MATCHES "\"dpo/loss\":")
-  message(FATAL_ERROR "the placed DPO run wrote ${n_dpo} metrics lines, the last without dpo/loss: ${dpo_last}")
-endif()
+expect_last_metrics(${WORK}/placed_dpo 2 "the placed DPO run" "\"dpo/loss\":")
 # ... the placed run's checkpoint resumes (the scoring ranks load no state) and its third step is the
 # uninterrupted run's
 set(placed_args algorithm.name=grpo rollout.name=naive model.path=${FIXTURES}/models/llama
@@ -228,12 +228,7 @@ if(NOT rc EQUAL 0 OR NOT err MATCHES "algorithm.name = ppo, rollout.name = paged
    OR NOT err MATCHES "2 ranks \\(torchrun, gloo backend\\): data parallel 1 x tensor parallel 2, Sharding<TP3D>")
   message(FATAL_ERROR "PPO with sharding.name=tp3d on 2 ranks (${rc}): ${err}")
 endif()
-file(STRINGS ${WORK}/tp/metrics.jsonl tp_lines)
-list(LENGTH tp_lines n_tp)
-list(GET tp_lines 1 tp_last)
-if(NOT n_tp EQUAL 2 OR NOT tp_last MATCHES "\"critic/values_mean\":-?[0-9]")
-  message(FATAL_ERROR "the TP3D PPO run wrote ${n_tp} metrics lines, the last without critic values: ${tp_last}")
-endif()
+expect_last_metrics(${WORK}/tp 2 "the TP3D PPO run" "\"critic/values_mean\":-?[0-9]")
 run_cli(rc err train ${tp_args} trainer.total_steps=3)
 if(NOT rc EQUAL 0 OR NOT err MATCHES "done, 3 steps \\(resumed from step 2\\)")
   message(FATAL_ERROR "one process did not resume the TP3D run's checkpoint (${rc}): ${err}")

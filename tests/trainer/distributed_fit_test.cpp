@@ -75,6 +75,30 @@ inline OneProcessRun one_process_grpo(int64_t steps, std::shared_ptr<const Promp
   REQUIRE(static_cast<int64_t>(run.steps.size()) == steps);
   return run;
 }
+// `fit(policy, parts)` on `world` ranks of the thread group, each rank its own fixture policy and
+// `quiet` with its Communicator: rank 0's step metrics, and every rank's trained weights against
+// `ref` (dist_weights_rel; the policy holds the full weights after fit on every rank).
+struct RanksRun {
+  std::vector<std::map<std::string, double>> steps;
+  std::vector<double> rel;
+};
+template <class Fit>
+RanksRun fit_on_ranks(int world, const CausalLM& ref, const FitParts& quiet, Fit&& fit) {
+  RanksRun out;
+  out.rel.assign(static_cast<size_t>(world), 1.0);
+  std::mutex m;
+  run_on("thread", world, [&](Communicator& comm) {
+    FitParts p = quiet;
+    p.comm = dist_borrowed(comm);
+    if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { out.steps.push_back(x); };
+    auto policy = fit_fixture_model();
+    fit(policy, p);
+    const auto r = dist_weights_rel(policy, ref);
+    std::lock_guard<std::mutex> lock(m);
+    out.rel[static_cast<size_t>(comm.rank())] = r;
+  });
+  return out;
+}
 // Three steps of a multi-rank run against one process's: the same samples (seeds of the global
 // group ids), rewards, loss, gradient norm and KL.
 inline void check_steps_like(std::vector<std::map<std::string, double>>& steps,
@@ -197,18 +221,10 @@ TEST_SUITE("trainer/distributed") {
     DistGRPO(o).fit(alone, prompts, dist_reward, p1);
     CHECK(dist_weights_rel(alone, run.model) <= 1e-5);
     check_steps_like(steps, run.steps);
-    std::mutex m;
-    std::vector<double> rel(2, 1.0);
-    run_on("thread", 2, [&](Communicator& comm) {
-      FitParts p = quiet;
-      p.comm = dist_borrowed(comm);
-      auto policy = fit_fixture_model();
+    const auto two = fit_on_ranks(2, run.model, quiet, [&](CausalLM& policy, const FitParts& p) {
       DistGRPO(o, 2).fit(policy, prompts, dist_reward, p);
-      const auto r = dist_weights_rel(policy, run.model);
-      std::lock_guard<std::mutex> lock(m);
-      rel[static_cast<size_t>(comm.rank())] = r;
     });
-    for (const auto r : rel) CHECK(r <= 1e-5);
+    for (const auto r : two.rel) CHECK(r <= 1e-5);
   }
 
   TEST_CASE("GRPO on 2 ranks, trainer.checkpoint_format=sharded: a file per rank, HF weights on request; resumed on 1 and on 4 as the uninterrupted run") {
@@ -649,18 +665,8 @@ TEST_SUITE("trainer/distributed") {
     }
     for (const int world : {2, 4}) {
       CAPTURE(world);
-      std::mutex m;
-      std::vector<std::map<std::string, double>> steps;
-      std::vector<double> rel(static_cast<size_t>(world), 1.0);
-      run_on("thread", world, [&](Communicator& comm) {
-        FitParts p = quiet;
-        p.comm = dist_borrowed(comm);
-        if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
-        auto policy = fit_fixture_model();
+      auto [steps, rel] = fit_on_ranks(world, one, quiet, [&](CausalLM& policy, const FitParts& p) {
         TPGRPO(options(2), world).fit(policy, prompts, dist_reward, p);
-        const auto r = dist_weights_rel(policy, one);  // materialized: the full trained weights on every rank
-        std::lock_guard<std::mutex> lock(m);
-        rel[static_cast<size_t>(comm.rank())] = r;
       });
       for (const auto r : rel) CHECK(r <= 1e-5);
       REQUIRE(steps.size() == 3);
@@ -685,23 +691,14 @@ TEST_SUITE("trainer/distributed") {
     };
     FitParts quiet;
     quiet.progress = nullptr;
-    std::vector<std::map<std::string, double>> ref_steps, steps;
+    std::vector<std::map<std::string, double>> ref_steps;
     FitParts ref_parts = quiet;
     ref_parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
     auto one = fit_fixture_model();
     TP3DPPOTrainer(options(1)).fit(one, prompts, dist_reward, ref_parts);
     REQUIRE(ref_steps.size() == 3);
-    std::mutex m;
-    std::vector<double> rel(2, 1.0);
-    run_on("thread", 2, [&](Communicator& comm) {
-      FitParts p = quiet;
-      p.comm = dist_borrowed(comm);
-      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
-      auto policy = fit_fixture_model();
+    auto [steps, rel] = fit_on_ranks(2, one, quiet, [&](CausalLM& policy, const FitParts& p) {
       TP3DPPOTrainer(options(2), 2).fit(policy, prompts, dist_reward, p);
-      const auto r = dist_weights_rel(policy, one);
-      std::lock_guard<std::mutex> lock(m);
-      rel[static_cast<size_t>(comm.rank())] = r;
     });
     for (const auto r : rel) CHECK(r <= 1e-5);
     check_steps_like(steps, ref_steps);
@@ -736,23 +733,12 @@ TEST_SUITE("trainer/distributed") {
     o.loader().epochs(2).prefetch_factor(0).shuffle(false);
     FitParts quiet;
     quiet.progress = nullptr;
-    std::vector<std::map<std::string, double>> ref_steps, steps;
+    std::vector<std::map<std::string, double>> ref_steps;
     FitParts rp = quiet;
     rp.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
     auto one = fit_fixture_model();
     DistDPO(o).fit(one, data, rp);
-    std::mutex m;
-    std::vector<double> rel(2, 1.0);
-    run_on("thread", 2, [&](Communicator& comm) {
-      FitParts p = quiet;
-      p.comm = dist_borrowed(comm);
-      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
-      auto policy = fit_fixture_model();
-      DistDPO(o, 2).fit(policy, data, p);
-      const auto r = dist_weights_rel(policy, one);
-      std::lock_guard<std::mutex> lock(m);
-      rel[static_cast<size_t>(comm.rank())] = r;
-    });
+    auto [steps, rel] = fit_on_ranks(2, one, quiet, [&](CausalLM& policy, const FitParts& p) { DistDPO(o, 2).fit(policy, data, p); });
     for (const auto r : rel) CHECK(r <= 1e-5);
     REQUIRE(steps.size() == ref_steps.size());
     for (size_t s = 0; s < steps.size(); ++s) {
@@ -797,25 +783,14 @@ TEST_SUITE("trainer/distributed") {
     o.loader().epochs(1).prefetch_factor(0).shuffle(false).drop_last(false).window_batches(0);
     FitParts quiet;
     quiet.progress = nullptr;
-    std::vector<std::map<std::string, double>> ref_steps, steps;
+    std::vector<std::map<std::string, double>> ref_steps;
     FitParts rp = quiet;
     rp.on_step = [&](int64_t, const std::map<std::string, double>& m) { ref_steps.push_back(m); };
     auto one = fit_fixture_model();
     DistDPO(o).fit(one, pairs("eight.jsonl", 1), rp);
     REQUIRE(ref_steps.size() == 2);
-    std::mutex m;
-    std::vector<double> rel(2, 1.0);
     const auto seven = pairs("seven.jsonl", 0);
-    run_on("thread", 2, [&](Communicator& comm) {
-      FitParts p = quiet;
-      p.comm = dist_borrowed(comm);
-      if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { steps.push_back(x); };
-      auto policy = fit_fixture_model();
-      DistDPO(o, 2).fit(policy, seven, p);
-      const auto r = dist_weights_rel(policy, one);
-      std::lock_guard<std::mutex> lock(m);
-      rel[static_cast<size_t>(comm.rank())] = r;
-    });
+    auto [steps, rel] = fit_on_ranks(2, one, quiet, [&](CausalLM& policy, const FitParts& p) { DistDPO(o, 2).fit(policy, seven, p); });
     for (const auto r : rel) CHECK(r <= 1e-5);
     REQUIRE(steps.size() == 2);
     CHECK(steps[0].at("data/repeated_rows") == 0.0);
