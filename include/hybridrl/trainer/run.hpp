@@ -5,8 +5,8 @@
 /// HYBRIDRL_* environment and key=value arguments (defaults < file < environment < command line);
 /// the policy and its tokenizer from a Hugging Face checkpoint or `model.init=tiny`; the data of a
 /// built-in task or of JSONL files; the reward by name; and a registry of trainer types by
-/// `algorithm.name`, `rollout.name` and `sharding.name`, so that a program with its own algorithm runs the same
-/// configuration files as `hybridrl train` (examples/custom_algorithm).
+/// `algorithm.name`, `rollout.name` and `sharding.name`, so that a program with its own algorithm
+/// runs the same configuration files as `hybridrl train` (examples/custom_algorithm).
 ///
 ///     int main(int argc, char** argv) {
 ///       auto trainers = hybridrl::builtin_trainers();            // ppo, grpo, dpo, kto, sft
