@@ -157,7 +157,7 @@ run_cli(rc err launch --nproc-per-node 3 -- train algorithm.name=dpo model.path=
   data.train_files=[${FIXTURES}/data/pairs.jsonl] data.train_batch_size=2 geometry.ppo_mini_batch_size=2
   trainer.total_steps=2 trainer.output_dir=${WORK}/placed_dpo trainer.save_model=false loader.epochs=0
   distributed.timeout_s=120 placement.actor=0-1 placement.reference=2)
-if(NOT rc EQUAL 0 OR NOT err MATCHES "placement: actor 0-1, reference 2, reward 0-1 \\(ranks\\)")
+if(NOT rc EQUAL 0 OR NOT err MATCHES "placement: actor 0-1, reference 2 \\(ranks\\)")
   message(FATAL_ERROR "DPO with placement.actor=0-1 reference=2 on 3 ranks (${rc}): ${err}")
 endif()
 expect_last_metrics(${WORK}/placed_dpo 2 "the placed DPO run" "\"dpo/loss\":")

@@ -81,8 +81,9 @@ struct Placement {
   [[nodiscard]] bool has_servers() const {
     return world && static_cast<int64_t>(actor.size()) < world->size();
   }
-  /// "actor 0-1, reference 2-3, reward 2-3" (lists shortened to ranges).
-  [[nodiscard]] std::string describe() const {
+  /// "actor 0-1, reference 2-3, reward 2-3" (lists shortened to ranges; `online` false: no
+  /// reward, which an offline run has none of).
+  [[nodiscard]] std::string describe(bool online = true) const {
     auto list = [](const std::vector<int64_t>& r) {
       std::vector<std::string> parts;
       for (size_t i = 0; i < r.size();) {
@@ -93,7 +94,8 @@ struct Placement {
       }
       return fmt::format("{}", fmt::join(parts, ","));
     };
-    return fmt::format("actor {}, reference {}, reward {}", list(actor), list(reference), list(reward));
+    return fmt::format("actor {}, reference {}{}", list(actor), list(reference),
+                       online ? ", reward " + list(reward) : std::string());
   }
 };
 

@@ -894,7 +894,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
                              t.tensorboard(), progress});
   if (progress != nullptr) std::fprintf(progress, "%s\n", describe().c_str());
   if (progress != nullptr && (pl.has_servers() || pl.reference_apart || pl.reward_apart)) {
-    std::fprintf(progress, "placement: %s (ranks)\n", pl.describe().c_str());
+    std::fprintf(progress, "placement: %s (ranks)\n", pl.describe(has_rollout).c_str());
   }
   // ranks outside the actor wait for rank 0's signals: when this rank leaves the loop with an error
   // that is not an exchange's (which every rank throws together), tell them, so none waits forever
