@@ -40,6 +40,8 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/distributed/batch_collectives.hpp"
 #include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/io/json.hpp"
@@ -318,22 +320,9 @@ class CheckpointManager {
         failed = std::current_exception();
       }
     }
-    constexpr int64_t kPathChars = 4096;
     if (ranks > 1) {  // the temporary directory's path, from rank 0 (empty: rank 0 could not make one)
-      HYBRIDRL_CHECK(static_cast<int64_t>(tmp.size()) < kPathChars,
-                     fmt::format("checkpoint path '{}' is longer than {} characters", tmp, kPathChars - 1),
-                     "choose a shorter trainer.output_dir");
-      at::Tensor buf = at::zeros({kPathChars}, opts);
-      if (lead) {
-        auto cpu = at::zeros({kPathChars}, at::kLong);
-        for (size_t i = 0; i < tmp.size(); ++i) cpu[static_cast<int64_t>(i)] = static_cast<unsigned char>(tmp[i]);
-        buf.copy_(cpu);
-      }
-      comm->broadcast(buf, 0);
-      const auto cpu = buf.cpu();
-      const auto* c = cpu.data_ptr<int64_t>();
-      tmp.clear();
-      for (int64_t i = 0; i < kPathChars && c[i] != 0; ++i) tmp.push_back(static_cast<char>(c[i]));
+      const auto got = broadcast(TensorBatch().set_column("tmp", Column{Value(tmp)}), *comm, 0, device);
+      tmp = got.column("tmp")[0].get<std::string>();
     }
     // 0: nothing to write, 1: written, 2: failed
     int64_t status = failed ? 2 : 0;
