@@ -2,8 +2,13 @@
 // object per measurement.
 //   bench_rollout cpu                       Naive vs Paged generated tokens/s, a small random Llama
 //   bench_rollout kernel                    paged decode kernel vs dense SDPA decode, bf16 (CUDA)
-//   bench_rollout generate 160m|1b B...     Paged and Naive tokens/s, prompt 128, gen 256, bf16 (CUDA),
-//                                           random weights, and greedy agreement Paged vs Naive
+//   bench_rollout generate 160m|1b B...     Paged tokens/s, prompt 128, gen 256, bf16 (CUDA), random
+//                                           weights, with the fused kernels on and off, against the
+//                                           HBM roofline; greedy agreement of the two (CPU: Paged
+//                                           and Naive)
+//   bench_rollout breakdown 160m|1b B CTX   where a decode step's time goes: each op of one layer,
+//                                           the LM head and the sampler replayed in CUDA graphs
+//                                           (B rows, every context CTX tokens), fused and eager
 // The peer for `generate` is bench/rollout/hf_generate_peer.py (transformers, same shapes), run
 // in the same job; see docs/benchmarks.md.
 #include <ATen/ATen.h>
@@ -17,13 +22,18 @@
 #include <string>
 #include <vector>
 
+#include "hybridrl/cuda/fused.hpp"
 #include "hybridrl/cuda/paged_attention.hpp"
 #include "hybridrl/detail/compat.hpp"
 #include "hybridrl/rollout/naive.hpp"
 #include "hybridrl/rollout/paged.hpp"
+#include "../support/llama_configs.hpp"
 
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 using namespace hybridrl;
@@ -44,24 +54,7 @@ double seconds_of(const std::function<void()>& f, const at::Device& d, int reps 
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
 }
 
-ModelConfig llama(const std::string& name) {
-  ModelConfig c;
-  if (name == "small") {  // CPU: a few ms per step
-    c.vocab_size = 2048; c.hidden_size = 256; c.intermediate_size = 688; c.num_hidden_layers = 4;
-    c.num_attention_heads = 8; c.num_key_value_heads = 4;
-  } else if (name == "160m") {  // ../shared/bench/hf_baseline.py's configs
-    c.vocab_size = 32000; c.hidden_size = 768; c.intermediate_size = 2048; c.num_hidden_layers = 12;
-    c.num_attention_heads = 12; c.num_key_value_heads = 12;
-  } else {
-    c.vocab_size = 32000; c.hidden_size = 2048; c.intermediate_size = 5632; c.num_hidden_layers = 22;
-    c.num_attention_heads = 32; c.num_key_value_heads = 4;
-  }
-  c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.max_position_embeddings = 2048;
-  c.rms_norm_eps = 1e-5;
-  c.eos_token_id = 2;
-  return c;
-}
+using bench::llama;  // bench/support/llama_configs.hpp
 
 TensorBatch random_prompts(int64_t B, int64_t P, int64_t vocab) {
   at::manual_seed(1);
@@ -94,6 +87,20 @@ void time_generate(const char* what, Engine& e, const TensorBatch& prompts, cons
   std::fflush(stdout);
 }
 
+/// Bytes a decode step of B sequences reads at the HBM roofline (the rule): every weight
+/// once, and the K and V of every context token, at the average context of a call (prompt P,
+/// G new tokens: P + G / 2).
+double decode_step_bytes(const ModelConfig& c, int64_t B, int64_t P, int64_t G, int64_t elem) {
+  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size);
+  const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double per_layer = H * (static_cast<double>(c.num_attention_heads * c.head_dim) + 2 * kv) +
+                           static_cast<double>(c.num_attention_heads * c.head_dim) * H + 3 * H * I + 2 * H;
+  const double weights = static_cast<double>(c.num_hidden_layers) * per_layer + 2 * static_cast<double>(c.vocab_size) * H + H;
+  const double ctx = static_cast<double>(P) + static_cast<double>(G) / 2.0;
+  const double kv_bytes = static_cast<double>(B) * ctx * static_cast<double>(c.num_hidden_layers) * 2 * kv;
+  return (weights + kv_bytes) * static_cast<double>(elem);
+}
+
 int bench_generate(const std::string& model, const std::vector<int64_t>& batches, const at::Device& dev,
                    at::ScalarType dtype, int64_t P, int64_t G) {
   c10::NoGradGuard g;
@@ -103,22 +110,155 @@ int bench_generate(const std::string& model, const std::vector<int64_t>& batches
   m->to(dev, dtype);
   const auto sampled = SamplingOptions{}.temperature(1.0).max_new_tokens(G).ignore_eos(true).seed(3);
   const auto greedy = SamplingOptions{}.temperature(0).max_new_tokens(G).ignore_eos(true);
+  constexpr double kHbm = 4.8e12;  // H200 HBM3e, bytes/s
   for (auto B : batches) {
     const auto prompts = random_prompts(B, P, c.vocab_size);
     PagedEngine paged(m, PagedOptions{}.max_num_seqs(std::max<int64_t>(B, 1)).kv_cache_tokens(B * (P + G) + 1024));
+    if (dev.is_cuda()) {
+      // the fused kernels on (the default) and off (the eager ops), same engine and weights
+      TensorBatch on, off;
+      for (bool f : {true, false}) {
+        fused::set_enabled(f);
+        time_generate(f ? "paged" : "paged_unfused", paged, prompts, sampled, model, dev);
+        const auto st = paged.stats();
+        const double roof = static_cast<double>(B) * kHbm / decode_step_bytes(c, B, P, G, c10::elementSize(dtype));
+        std::printf("{\"bench\": \"roofline\", \"engine\": \"%s\", \"model\": \"%s\", \"batch\": %lld, "
+                    "\"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.1f, \"roofline_tokens_per_s\": %.1f, "
+                    "\"decode_fraction_of_roofline\": %.3f}\n",
+                    f ? "paged" : "paged_unfused", model.c_str(), static_cast<long long>(B),
+                    1e3 * st.decode_seconds / static_cast<double>(G - 1),
+                    static_cast<double>(st.generated_tokens - B) / st.decode_seconds, roof,
+                    static_cast<double>(st.generated_tokens - B) / st.decode_seconds / roof);
+        (f ? on : off) = paged.generate(prompts, greedy);
+      }
+      fused::set_enabled(true);
+      std::printf("{\"bench\": \"greedy_agreement\", \"what\": \"fused vs eager ops\", \"model\": \"%s\", "
+                  "\"dtype\": \"%s\", \"batch\": %lld, \"leading_tokens_equal\": %.4f}\n",
+                  model.c_str(), c10::toString(dtype), static_cast<long long>(B), agreement(on, off));
+      std::fflush(stdout);
+      continue;
+    }
     NaiveEngine naive(m, NaiveOptions{}.max_batch_size(B));
-    // on CUDA only the sampled rollout is timed (device time is scarce); greedy is for agreement
-    for (const auto& s : dev.is_cuda() ? std::vector<SamplingOptions>{sampled} : std::vector<SamplingOptions>{sampled, greedy}) {
+    for (const auto& s : {sampled, greedy}) {
       time_generate("paged", paged, prompts, s, model, dev);
       time_generate("naive", naive, prompts, s, model, dev);
     }
     const auto a = paged.generate(prompts, greedy), b = naive.generate(prompts, greedy);
-    std::printf("{\"bench\": \"greedy_agreement\", \"model\": \"%s\", \"dtype\": \"%s\", \"batch\": %lld, "
-                "\"leading_tokens_equal\": %.4f}\n",
+    std::printf("{\"bench\": \"greedy_agreement\", \"what\": \"paged vs naive\", \"model\": \"%s\", "
+                "\"dtype\": \"%s\", \"batch\": %lld, \"leading_tokens_equal\": %.4f}\n",
                 model.c_str(), c10::toString(dtype), static_cast<long long>(B), agreement(a, b));
     std::fflush(stdout);
   }
   return 0;
+}
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+/// GPU time of one call of `f` (µs): `reps` calls captured in one CUDA graph, the graph replayed
+/// and timed (so the gaps between kernels are those of a captured decode step, with no host).
+double graph_us(const std::function<void()>& f, int reps = 20) {
+  const at::Device dev(at::kCUDA, 0);
+  auto side = at::cuda::getStreamFromPool(false, 0);
+  at::cuda::CUDAGraph graph;
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    f();
+    side.synchronize();
+    graph.capture_begin();
+    for (int i = 0; i < reps; ++i) f();
+    graph.capture_end();
+  }
+  side.synchronize();
+  graph.replay();
+  const double secs = seconds_of([&] { graph.replay(); }, dev, 5);
+  return secs / reps * 1e6;
+}
+#endif
+
+int bench_breakdown(const std::string& model, int64_t B, int64_t ctx_len) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  c10::NoGradGuard g;
+  const at::Device dev(at::kCUDA, 0);
+  const auto dtype = at::kBFloat16;
+  const auto c = llama(model);
+  at::manual_seed(0);
+  CausalLM m(c);
+  m->to(dev, dtype);
+  m->eval();
+  auto layer = m->model->layer(0);
+  auto& attn = *layer->self_attn;
+  const int64_t bs = 16, blocks = (ctx_len + bs - 1) / bs;
+  const auto opts = at::TensorOptions().device(dev).dtype(dtype);
+  auto x = at::randn({1, B, c.hidden_size}, opts);
+  auto pos = at::full({1, B}, ctx_len - 1, at::TensorOptions().device(dev).dtype(at::kLong));
+  auto inv = rope_inverse_frequencies(c).to(dev);
+  auto [cos, sin] = rope_cos_sin(inv, pos, dtype);
+  auto kv = at::zeros({2, B * blocks, bs, c.num_key_value_heads, c.head_dim}, opts);
+  auto kc = kv[0], vc = kv[1];
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < blocks; ++j) tables[static_cast<size_t>(b)].push_back(static_cast<int32_t>(b * blocks + j));
+  }
+  const auto meta = PagedAttentionMetadata::make(tables, std::vector<int64_t>(static_cast<size_t>(B), 1),
+                                                 std::vector<int64_t>(static_cast<size_t>(B), ctx_len), bs, {}, dev);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  auto q = attn.q_proj(x).view({1, B, c.num_attention_heads, c.head_dim});
+  auto k = attn.k_proj(x).view({1, B, c.num_key_value_heads, c.head_dim});
+  auto v = attn.v_proj(x).view({1, B, c.num_key_value_heads, c.head_dim});
+  auto a_out = at::randn({1, B, c.num_attention_heads * c.head_dim}, opts);
+  auto gate = layer->mlp->gate_proj(x), up = layer->mlp->up_proj(x), act = at::silu(gate) * up;
+  auto hidden = at::randn({B, c.hidden_size}, opts);
+  auto logits = m->logits(hidden);
+  SamplingRows rows;
+  rows.seeds = at::arange(B, at::TensorOptions().device(dev).dtype(at::kLong));
+  rows.samples = at::zeros({B}, rows.seeds.options());
+  rows.positions = at::zeros({B}, rows.seeds.options());
+  const auto s = SamplingOptions{}.temperature(1.0);
+  for (bool f : {true, false}) {
+    fused::set_enabled(f);
+    std::vector<std::pair<const char*, double>> ops{
+        {"input_norm", graph_us([&] { layer->input_layernorm(x); })},
+        {"qkv_proj", graph_us([&] { attn.q_proj(x); attn.k_proj(x); attn.v_proj(x); })},
+        {"rope", graph_us([&] {
+           if (!fused::rope_(q, k, cos, sin)) {
+             apply_rope(q.transpose(1, 2), cos, sin);
+             apply_rope(k.transpose(1, 2), cos, sin);
+           }
+         })},
+        {"kv_write", graph_us([&] { write_kv_to_cache(k[0], v[0], kc, vc, meta.slot_mapping); })},
+        {"attention", graph_us([&] { paged_attention(q[0], kc, vc, meta, scale); })},
+        {"o_proj", graph_us([&] { attn.o_proj(a_out); })},
+        {"add_norm", graph_us([&] { layer->post_attention_layernorm->forward_add(x, x); })},
+        {"gate_up_proj", graph_us([&] { layer->mlp->gate_proj(x); layer->mlp->up_proj(x); })},
+        {"silu_mul", graph_us([&] {
+           if (!fused::silu_mul(gate, up).defined()) at::silu(gate) * up;
+         })},
+        {"down_proj", graph_us([&] { layer->mlp->down_proj(act); })},
+        {"residual_add", graph_us([&] { x + x; })},
+    };
+    double per_layer = 0;
+    for (const auto& [name, us] : ops) per_layer += us;
+    const double whole = graph_us([&] { layer->forward(x, LayerContext{cos, sin, {}, true, [&](int64_t, const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv) {
+                                    write_kv_to_cache(kk[0].transpose(0, 1), vv[0].transpose(0, 1), kc, vc, meta.slot_mapping);
+                                    return paged_attention(qq[0].transpose(0, 1), kc, vc, meta, scale).transpose(0, 1).unsqueeze(0);
+                                  }}); });
+    const double head = graph_us([&] { m->model->norm(hidden); m->logits(hidden); });
+    const double sample = graph_us([&] { sample_tokens(logits, s, rows); });
+    std::printf("{\"bench\": \"decode_breakdown\", \"fused\": %s, \"model\": \"%s\", \"batch\": %lld, \"context\": %lld, \"layer_us\": {",
+                f ? "true" : "false", model.c_str(), static_cast<long long>(B), static_cast<long long>(ctx_len));
+    for (size_t i = 0; i < ops.size(); ++i) std::printf("%s\"%s\": %.1f", i ? ", " : "", ops[i].first, ops[i].second);
+    std::printf("}, \"sum_of_ops_us\": %.1f, \"whole_layer_us\": %.1f, \"layers\": %lld, \"norm_lm_head_us\": %.1f, "
+                "\"sample_us\": %.1f, \"step_estimate_ms\": %.3f}\n",
+                per_layer, whole, static_cast<long long>(c.num_hidden_layers), head, sample,
+                (whole * static_cast<double>(c.num_hidden_layers) + head + sample) / 1e3);
+    std::fflush(stdout);
+  }
+  fused::set_enabled(true);
+  return 0;
+#else
+  (void)model, (void)B, (void)ctx_len;
+  std::fprintf(stderr, "bench_rollout breakdown: built without hybridrl::cuda\n");
+  return 1;
+#endif
 }
 
 int bench_kernel() {
@@ -249,6 +389,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "cpu") return bench_generate("small", {16, 64}, at::kCPU, at::kFloat, 32, 64);
     if (mode == "kernel") return bench_kernel();
+    if (mode == "breakdown" && argc > 4) return bench_breakdown(argv[2], std::stoll(argv[3]), std::stoll(argv[4]));
     if (mode == "generate" && argc > 2) {
       std::vector<int64_t> batches;
       for (int i = 3; i < argc; ++i) batches.push_back(std::stoll(argv[i]));
@@ -259,6 +400,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_rollout: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: bench_rollout cpu | kernel | generate 160m|1b [B...]\n");
+  std::fprintf(stderr, "usage: bench_rollout cpu | kernel | generate 160m|1b [B...] | breakdown 160m|1b B CTX\n");
   return 2;
 }

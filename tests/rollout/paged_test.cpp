@@ -235,17 +235,7 @@ TEST_SUITE("rollout/paged_cuda") {
       MESSAGE("no CUDA device: not run");
       return;
     }
-    // head_dim 64, 2 query heads per KV head: the decode kernel's shapes
-    ModelConfig c;
-    c.vocab_size = 320;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 64;
-    c.max_position_embeddings = 256;
-    c.eos_token_id = 2;
+    const auto c = hybridrl::testing::kernel_shaped_config();  // the decode kernel's shapes
     at::manual_seed(0);
     CausalLM m(c);
     m->to(at::Device(at::kCUDA, 0), at::kFloat);

@@ -97,11 +97,15 @@ TEST_SUITE("sharding/frozen") {
     const auto want = hybridrl::detail::frozen_forward(sharded_fixture(), LogProbOptions{})(rows).tensor(keys::log_probs);
     CHECK(max_abs(log_probs_of(ref, rows), want) <= 1e-6);
     for (const auto& p : ref.model()->parameters()) CHECK_FALSE(p.requires_grad());
-    // bf16 layers: what the policy computes under the same autocast (not what fp32 gives)
+    // bf16: what the policy's one-process engine computes (the layers and the output head under
+    // the same autocast), not what fp32 gives: a reference equal to the policy scores as it does
     ShardedFrozen<CausalLM> bf(sharded_fixture(), nullptr, at::kBFloat16);
-    auto policy = sharded_fixture();
-    policy->model->set_layer_runner(autocast_runner(at::kBFloat16, default_layer_runner()));
-    const auto want_bf = hybridrl::detail::frozen_forward(policy, LogProbOptions{})(rows).tensor(keys::log_probs);
+    auto engine = Sharding<FSDP>::make(sharded_fixture(), FSDPOptions{}.param_dtype(at::kBFloat16), OptimizerOptions{}, 1);
+    at::Tensor want_bf;
+    {
+      c10::NoGradGuard ng;
+      want_bf = engine.forward(rows).tensor(keys::log_probs);
+    }
     CHECK(max_abs(log_probs_of(bf, rows), want_bf) == 0.0);
     CHECK(max_abs(want_bf, want) > 1e-4);  // the autocast is in effect
     CHECK(contains(error_of([] { ShardedFrozen<CausalLM>(sharded_fixture(), nullptr, at::kFloat, 3); }),

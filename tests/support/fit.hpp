@@ -30,7 +30,7 @@ struct FitTempDir {
 inline CausalLM fit_fixture_model() { return load_causal_lm(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama"); }
 
 /// The lines of metrics.jsonl without the keys that measure time or memory (time/*, memory/*,
-/// tokens_per_s).
+/// tokens_per_s and rollout/tokens_per_s).
 inline std::vector<nlohmann::json> reproducible_metrics(const std::string& dir) {
   std::ifstream in(dir + "/metrics.jsonl");
   std::vector<nlohmann::json> out;
@@ -39,7 +39,10 @@ inline std::vector<nlohmann::json> reproducible_metrics(const std::string& dir) 
     const auto all = nlohmann::json::parse(line);
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [k, v] : all.items()) {
-      if (k.rfind("time/", 0) != 0 && k.rfind("memory/", 0) != 0 && k != "tokens_per_s") j[k] = v;
+      if (k.rfind("time/", 0) != 0 && k.rfind("memory/", 0) != 0 && k != "tokens_per_s" &&
+          k != "rollout/tokens_per_s") {
+        j[k] = v;
+      }
     }
     out.push_back(j);
   }

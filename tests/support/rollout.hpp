@@ -15,6 +15,22 @@
 namespace hybridrl::testing {
 inline const std::string kRolloutModels = std::string(HYBRIDRL_FIXTURES_DIR) + "/models";
 
+// A small Llama in the CUDA kernels' shapes (head_dim 64, 2 query heads per KV head: the decode
+// kernel covers it, so a CUDA generation replays graphs; FlashAttention-2 takes it too).
+inline ModelConfig kernel_shaped_config() {
+  ModelConfig c;
+  c.vocab_size = 320;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 64;
+  c.max_position_embeddings = 256;
+  c.eos_token_id = 2;
+  return c;
+}
+
 // Left-padded prompts of the given token lists.
 inline TensorBatch prompt_batch(const std::vector<std::vector<int64_t>>& rows) { return left_padded_prompts(rows); }
 

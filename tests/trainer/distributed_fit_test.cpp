@@ -121,6 +121,29 @@ using hybridrl::testing::contains;
 using hybridrl::testing::error_of;
 
 TEST_SUITE("trainer/distributed") {
+  TEST_CASE("a step's metrics over ranks: times, memory and *_max the largest, *_min the smallest, tokens_per_s summed, the rest averaged") {
+    std::vector<std::map<std::string, double>> got(3);
+    hybridrl::run_ranks(3, [&](hybridrl::Communicator& comm) {
+      const double r = comm.rank();
+      std::map<std::string, double> m{{"loss", r},
+                                      {"time/step", 10 - r},
+                                      {"memory/peak_gb", r * r},
+                                      {"rollout/ratio_max", 1 + r},
+                                      {"rollout/ratio_min", 0.5 + r},
+                                      {"tokens_per_s", 100 * (r + 1)}};
+      hybridrl::detail::reduce_metrics(m, comm);
+      got[static_cast<size_t>(comm.rank())] = m;
+    });
+    for (const auto& m : got) {
+      CHECK(m.at("loss") == doctest::Approx(1.0));  // (0 + 1 + 2) / 3
+      CHECK(m.at("time/step") == 10.0);
+      CHECK(m.at("memory/peak_gb") == 4.0);
+      CHECK(m.at("rollout/ratio_max") == 3.0);
+      CHECK(m.at("rollout/ratio_min") == 0.5);
+      CHECK(m.at("tokens_per_s") == 600.0);
+    }
+  }
+
   TEST_CASE("GRPO with Sharding<FSDP> on 2 and 4 ranks fits as one process does; rank 0 writes; 2 ranks resume on 1 and on 4") {
     FitTempDir tmp("dist_grpo");
     auto prompts = fixture_prompts(tmp.path);

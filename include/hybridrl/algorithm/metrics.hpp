@@ -124,4 +124,51 @@ class MetricAggregator {
   std::map<std::string, Acc> acc_;
 };
 
+/// How far the rollout engine's log-probs are from the trainer's recomputation of the same
+/// tokens under the same weights (the rollout–training mismatch of a hybrid engine; verl's
+/// `training/rollout_probs_diff_*` and `rollout_corr/*`, slime's `train_rollout_logprob_abs_diff`),
+/// over the tokens where `mask` is 1. With d = train − rollout log-probs and the importance ratio
+/// ρ = exp(d) = π_train / π_rollout:
+///   rollout/log_prob_diff      mean |d|            rollout/log_prob_diff_max   max |d|
+///   rollout/probs_diff_mean    mean |π_train − π_rollout| (verl's training/rollout_probs_diff_mean)
+///   rollout/ratio_mean, _std   mean and standard deviation of ρ
+///   rollout/ratio_min, _max    its extremes
+///   rollout/k3_kl              mean (ρ − 1 − log ρ), the k3 estimate of KL(π_rollout ‖ π_train)
+/// In exact arithmetic all are 0 (ratios 1); bf16 leaves a noise floor. Empty mask: all 0 (ratios 1).
+inline std::map<std::string, double> rollout_agreement_metrics(const at::Tensor& rollout_log_probs,
+                                                               const at::Tensor& train_log_probs, const at::Tensor& mask) {
+  HYBRIDRL_CHECK(rollout_log_probs.sizes() == train_log_probs.sizes() && mask.sizes() == train_log_probs.sizes(),
+                 "rollout_agreement_metrics: rollout log-probs, training log-probs and mask differ in shape",
+                 "pass the three [B, response_len] tensors of one batch");
+  const auto keep = mask.to(at::kBool);
+  const auto d = (train_log_probs.to(at::kDouble) - rollout_log_probs.to(at::kDouble)).masked_select(keep);
+  std::map<std::string, double> m;
+  if (d.numel() == 0) {
+    for (const char* k : {"rollout/log_prob_diff", "rollout/log_prob_diff_max", "rollout/probs_diff_mean",
+                          "rollout/ratio_std", "rollout/k3_kl"}) {
+      m[k] = 0.0;
+    }
+    m["rollout/ratio_mean"] = m["rollout/ratio_min"] = m["rollout/ratio_max"] = 1.0;
+    return m;
+  }
+  const auto rho = d.exp();
+  const auto p_train = train_log_probs.to(at::kDouble).masked_select(keep).exp();
+  const auto p_rollout = rollout_log_probs.to(at::kDouble).masked_select(keep).exp();
+  // one host copy for the eight values
+  const auto v = at::stack({d.abs().mean(), d.abs().max(), (p_train - p_rollout).abs().mean(), rho.mean(),
+                            d.numel() > 1 ? rho.std() : at::zeros({}, rho.options()), rho.min(), rho.max(),
+                            (rho - 1.0 - d).mean()})
+                     .cpu();
+  const auto* x = v.data_ptr<double>();
+  m["rollout/log_prob_diff"] = x[0];
+  m["rollout/log_prob_diff_max"] = x[1];
+  m["rollout/probs_diff_mean"] = x[2];
+  m["rollout/ratio_mean"] = x[3];
+  m["rollout/ratio_std"] = x[4];
+  m["rollout/ratio_min"] = x[5];
+  m["rollout/ratio_max"] = x[6];
+  m["rollout/k3_kl"] = x[7];
+  return m;
+}
+
 }  // namespace hybridrl

@@ -43,6 +43,33 @@ int launch_paged_decode_attention(const void* q, const void* key_cache, const vo
                                   int64_t sliding_window, float scale, KernelDtype dtype, float* workspace,
                                   void* stream, int pipeline_stages = 0);
 
+/// RMSNorm of `rows` rows of `dim` (contiguous; x, weight and out of one dtype): out = weight *
+/// (h * rsqrt(mean(h²) + eps)) rounded as the eager ops round, h = x, or with `residual` h = x +
+/// residual (rounded to the dtype), which is also written to `residual_out` (both or neither).
+int launch_rms_norm(const void* x, const void* residual, void* residual_out, const void* weight, void* out,
+                    int64_t rows, int64_t dim, float eps, KernelDtype dtype, void* stream);
+
+/// Rotary embeddings (HF's rotate_half form) of q [tokens, heads, head_dim] and k [tokens,
+/// kv_heads, head_dim], rows `q_stride` / `k_stride` elements apart (heads contiguous within a
+/// row), written contiguous to q_out / k_out (in place when they are q_in / k_in); v's rows
+/// (`v_stride` apart) are copied contiguous to v_out when v_in is given. cos / sin [tokens, head_dim].
+int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_stride, int64_t k_stride,
+                int64_t v_stride, void* q_out, void* k_out, void* v_out, const void* cos, const void* sin,
+                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream);
+
+/// out [rows, cols] (contiguous) = silu(gate) * up, gate's and up's rows `in_stride` elements apart.
+int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* out, int64_t rows, int64_t cols,
+                    KernelDtype dtype, void* stream);
+
+/// One token per row of `logits` [rows, vocab] (row `row_stride` elements apart): argmax of the
+/// logits (greedy) or of logits · inv_temperature + Gumbel noise from Philox-4x32-10 at counter
+/// (token / 4, positions[row], samples[row], 0) under key seeds[row] (rollout/sampler.hpp's
+/// draw), and the log-softmax of the tempered logits at the drawn token (tokens int64, log_probs
+/// float, [rows]).
+int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride, float inv_temperature,
+                         bool greedy, const int64_t* seeds, const int64_t* samples, const int64_t* positions,
+                         int64_t* tokens, float* log_probs, KernelDtype dtype, void* stream);
+
 /// Free and total memory of the current CUDA device (cudaMemGetInfo); returns its cudaError_t as int.
 int device_memory(std::size_t* free_bytes, std::size_t* total_bytes);
 

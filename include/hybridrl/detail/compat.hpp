@@ -67,6 +67,16 @@ inline CUDAMemory cuda_memory([[maybe_unused]] int index) {
 #endif
 }
 
+/// Starts a new high-water mark of allocated bytes on CUDA device `index` (a no-op in a CPU-only build).
+inline void reset_cuda_peak([[maybe_unused]] int index) {
+#if defined(HYBRIDRL_WITH_CUDA)
+  try {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<decltype(c10::DeviceIndex{})>(index));
+  } catch (const c10::Error&) {  // the allocator not initialised yet: nothing to reset
+  }
+#endif
+}
+
 }  // namespace hybridrl::detail::compat
 
 // ---- autocast (mixed precision) ------------------------------------------------------------------
@@ -104,7 +114,7 @@ class AutocastGuard {
 #endif
   }
 
- private:
+  /// The dtype autocast casts to on `device` (kCUDA or kCPU).
   static at::ScalarType get_dtype(at::DeviceType device) {
 #if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
     return at::autocast::get_autocast_dtype(device);
@@ -112,6 +122,8 @@ class AutocastGuard {
     return device == at::kCUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
 #endif
   }
+
+ private:
   static void set(at::DeviceType device, bool on, at::ScalarType dtype) {
 #if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 4)
     at::autocast::set_autocast_enabled(device, on);

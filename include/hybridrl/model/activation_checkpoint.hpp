@@ -2,7 +2,8 @@
 /// \file
 /// Activation checkpointing (recompute in backward) for LibTorch C++ (which has no torch.utils.checkpoint): run a block
 /// without recording its graph, keep only its input, and recompute it with grad in backward.
-/// Gradients equal those of the plain run (the blocks here have no dropout, so no RNG replay).
+/// Gradients equal those of the plain run (the blocks here have no dropout, so no RNG replay); a
+/// block run under autocast is recomputed under the same autocast (as torch.utils.checkpoint does).
 /// "Checkpoint" elsewhere in hybridrl means a training checkpoint (save and resume); this is not one.
 
 #include <ATen/ATen.h>
@@ -13,9 +14,11 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/detail/compat.hpp"
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,13 +37,17 @@ struct ActivationCheckpointBackward : torch::autograd::Node {
   at::Tensor input;                 // detached copy of the block's input
   bool input_requires_grad = false;
   std::vector<at::Tensor> params;   // the block's parameters, in edge order after the input
+  std::optional<at::ScalarType> autocast;  // the forward ran under autocast to this dtype (on input's device type)
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     HYBRIDRL_CHECK(input.defined(), "activation_checkpoint: backward ran twice through one checkpointed block",
                    "call backward with retain_graph only on graphs without activation checkpointing");
     at::AutoGradMode enable(true);
     auto x = input.detach().requires_grad_(input_requires_grad);
+    std::optional<detail::compat::AutocastGuard> cast;
+    if (autocast) cast.emplace(x.device().type(), *autocast);
     auto y = fn(x);
+    cast.reset();
     std::vector<at::Tensor> wrt;
     std::vector<size_t> slot;  // which output edge each `wrt` entry feeds
     if (input_requires_grad) {
@@ -92,6 +99,10 @@ inline at::Tensor activation_checkpoint(const ActivationCheckpointFn& fn, const 
   node->input = x.detach();
   node->input_requires_grad = x.requires_grad();
   node->params = params;
+  const auto type = x.device().type();
+  if ((type == at::kCUDA || type == at::kCPU) && detail::compat::AutocastGuard::enabled(type)) {
+    node->autocast = detail::compat::AutocastGuard::get_dtype(type);
+  }
   std::vector<at::Tensor> inputs;
   inputs.reserve(1 + params.size());
   inputs.push_back(x);

@@ -158,6 +158,9 @@ class DecoderImpl : public torch::nn::Module {
       pos = key_valid.defined() ? detail::positions_from_mask(key_valid)
                                 : at::arange(T, at::TensorOptions().dtype(at::kLong).device(dev)).expand({B, T});
     }
+    if (key_valid.defined() || seg.defined()) {  // (no padding: plain causal SDPA is flash already)
+      if (const auto half = varlen_dtype_of(ids)) return run_unpadded(ids, pos, key_valid, seg, *half);
+    }
     // one mask per kind of layer: Qwen2 may mix full and sliding-window layers
     const bool mixed = config_.mixed_windows();
     LayerMasks masks;
@@ -181,6 +184,15 @@ class DecoderImpl : public torch::nn::Module {
   [[nodiscard]] const ModelConfig& config() const noexcept { return config_; }
   /// This rank's tensor-parallel place (tp_size 1: the full model).
   [[nodiscard]] const ParallelContext& parallel() const noexcept { return pc_; }
+  /// For inference engines: one GEMM for q|k|v and one for gate|up in every layer where the fused
+  /// CUDA kernels apply (DecoderLayerImpl::fuse_projections; parameters keep names and values).
+  void fuse_projections() {
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) layer(i)->fuse_projections();
+  }
+  /// The dtype a forward of token ids on `ids`' device attends in through FlashAttention-2's
+  /// varlen kernel with the padding removed (CUDA, bf16/fp16 weights or autocast, LibTorch >= 2.6,
+  /// fused kernels on), or nullopt where it takes the masked SDPA path.
+  [[nodiscard]] std::optional<at::ScalarType> varlen_dtype(const at::Tensor& ids) const { return varlen_dtype_of(ids); }
   /// The layer `i` (for rollout code that calls attention entry points directly).
   [[nodiscard]] DecoderLayer layer(int64_t i) const { return layers->ptr<DecoderLayerImpl>(static_cast<size_t>(i)); }
 
@@ -201,6 +213,57 @@ class DecoderImpl : public torch::nn::Module {
   struct LayerMasks {
     at::Tensor all, sliding;
   };
+
+  // Padded or packed rows on CUDA in bf16/fp16 (the weights', or autocast's): the trunk runs on
+  // the valid tokens alone, packed into one row, with FlashAttention-2's varlen kernel (verl's
+  // remove-padding), so no layer computes a padding token and no [B, T, T] mask is built.
+  // (see the public varlen_dtype())
+  std::optional<at::ScalarType> varlen_dtype_of(const at::Tensor& ids) const {
+#if HYBRIDRL_HAS_VARLEN_FLASH
+    if (!ids.is_cuda() || !fused::enabled() || config_.head_dim % 8 != 0 || config_.head_dim > 256) return std::nullopt;
+    if (detail::compat::AutocastGuard::enabled(at::kCUDA)) {
+      const auto a = detail::compat::AutocastGuard::get_dtype(at::kCUDA);
+      if (a == at::kBFloat16 || a == at::kHalf) return a;
+    }
+    const auto w = embed_tokens->weight.scalar_type();
+    if (w == at::kBFloat16 || w == at::kHalf) return w;
+#else
+    (void)ids;
+#endif
+    return std::nullopt;
+  }
+
+  // The valid tokens of `ids` [B, T] (key_valid, and within a packed row's sequences) as one row;
+  // each row's (each packed sequence's) tokens one varlen sequence; hidden states scattered back
+  // to [B, T, hidden] (zeros at padding).
+  at::Tensor run_unpadded(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& key_valid,
+                          const at::Tensor& seg, at::ScalarType dtype) {
+    const auto B = ids.size(0), T = ids.size(1);
+    const auto dev = ids.device();
+    auto row = at::arange(B, at::TensorOptions().dtype(at::kLong).device(dev)).view({B, 1}).expand({B, T});
+    // sequence id of every token: its row, or (row, segment) in packed rows
+    auto seq = seg.defined() ? row * (T + 1) + seg : row;
+    auto valid = key_valid.defined() ? key_valid : at::ones({B, T}, at::TensorOptions().dtype(at::kBool).device(dev));
+    const auto idx = valid.reshape({-1}).nonzero().squeeze(1);  // one host sync: the token count
+    const auto N = idx.size(0);
+    const auto ids_p = ids.reshape({-1}).index_select(0, idx).view({1, N});
+    const auto pos_p = pos.reshape({-1}).index_select(0, idx).view({1, N});
+    auto [uniq, inverse, counts] = at::unique_consecutive(seq.reshape({-1}).index_select(0, idx), false, true);
+    (void)uniq, (void)inverse;
+    const auto cu = at::cat({at::zeros({1}, counts.options()), counts.cumsum(0)}).to(at::kInt);
+    const auto max_len = N > 0 ? counts.max().item<int64_t>() : 0;
+    auto h = embed_tokens(ids_p);
+    if (!inv_freq_here_.defined() || inv_freq_here_.device() != dev) inv_freq_here_ = inv_freq_.to(dev);
+    auto [cos, sin] = rope_cos_sin(inv_freq_here_, pos_p, h.scalar_type());
+    LayerContext ctx{cos, sin, {}, true, nullptr};
+    ctx.varlen = LayerContext::Varlen{cu, max_len, std::nullopt, dtype};
+    for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+      ctx.varlen->window = config_.layer_window(i);
+      h = runner_(i, *layer(i), h, ctx);
+    }
+    h = norm(h);
+    return at::zeros({B * T, h.size(-1)}, h.options()).index_copy(0, idx, h[0]).view({B, T, h.size(-1)});
+  }
 
   at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const LayerMasks& masks, const AttentionFn& attn_fn) {
     if (ids.device().is_cpu()) check_token_ids(ids, config_.vocab_size);  // CUDA: no sync per forward

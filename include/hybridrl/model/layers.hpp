@@ -13,10 +13,15 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <numbers>
+#include <optional>
 #include <utility>
+#include <vector>
 
+#include "hybridrl/cuda/fused.hpp"
+#include "hybridrl/detail/compat.hpp"
 #include "hybridrl/model/attention.hpp"
 #include "hybridrl/model/config.hpp"
 #include "hybridrl/model/parallel.hpp"
@@ -33,9 +38,17 @@ class RMSNormImpl : public torch::nn::Module {
   }
   /// Normalised `x` ([..., dim]).
   at::Tensor forward(const at::Tensor& x) {
+    if (auto fused = fused::rms_norm(x, weight, eps_); fused.defined()) return fused;  // inference on CUDA
     auto h = x.to(at::kFloat);
     h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
     return weight * h.to(x.scalar_type());
+  }
+  /// {h, forward(h)} with h = x + residual: a pre-norm layer's residual add and its next norm (one
+  /// kernel in inference on CUDA).
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& residual) {
+    if (auto fused = fused::add_rms_norm(x, residual, weight, eps_); fused.first.defined()) return fused;
+    auto h = x + residual;
+    return {h, forward(h)};
   }
   at::Tensor weight;  ///< [dim]
 
@@ -80,6 +93,21 @@ inline at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const a
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
+/// One tensor holding `parts` stacked along dim 0, each part re-pointed to its slice (values,
+/// names and shapes kept; the parts' old storage is released). Inference only (no grad).
+inline at::Tensor fuse_rows(std::initializer_list<at::Tensor*> parts) {
+  std::vector<at::Tensor> ts;
+  for (auto* p : parts) ts.push_back(*p);
+  auto fused = at::cat(ts, 0);
+  int64_t off = 0;
+  for (auto* p : parts) {
+    const auto n = p->size(0);
+    p->set_(fused.narrow(0, off, n));
+    off += n;
+  }
+  return fused;
+}
+
 /// Attention over keys/values the caller provides: (layer index, q [B,H,T,D], k, v [B,Hkv,T,D]
 /// after rotary) → [B, H, T, D]. The KV-cache entry point of the rollout: it stores k/v where it
 /// likes (dense or paged) and attends over the cache.
@@ -93,6 +121,16 @@ struct LayerContext {
   at::Tensor mask;         ///< bool "may attend" [B, 1, Tq, Tk], or undefined for plain causal
   bool causal = true;      ///< add the causal mask inside attention (only when `mask` is undefined)
   AttentionFn attention;   ///< when set, the caller's attention (KV cache) replaces `attend`
+  /// Packed sequences without padding (the trunk runs on one row [1, N]; DecoderImpl::forward
+  /// unpads): sequence s is rows [cu_seqlens[s], cu_seqlens[s+1]) (int32), attention causal
+  /// within it through FlashAttention-2's varlen kernel, `window` this layer's sliding window.
+  struct Varlen {
+    at::Tensor cu_seqlens;
+    int64_t max_seqlen = 0;
+    std::optional<int64_t> window;
+    at::ScalarType dtype = at::kBFloat16;  ///< q, k, v cast to it (autocast leaves rotary outputs in fp32)
+  };
+  std::optional<Varlen> varlen;
 };
 
 /// Grouped-query self-attention with rotary embeddings; q/k/v bias for Qwen2 (or Llama
@@ -116,10 +154,17 @@ class AttentionImpl : public torch::nn::Module {
   std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x, const at::Tensor& cos,
                                                          const at::Tensor& sin) {
     const auto B = x.size(0), T = x.size(1);
-    auto q = q_proj(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
-    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    if (qkv_weight_.defined() && fused::applies(x) && x.scalar_type() == qkv_weight_.scalar_type() &&
+        cos.scalar_type() == x.scalar_type() && fused_still_shared()) {
+      // inference on CUDA: one GEMM for q|k|v, one kernel to split and rotate
+      auto [q, k, v] = fused::qkv_rope(at::linear(x, qkv_weight_, qkv_bias_), heads_, kv_heads_, head_dim_, cos, sin);
+      if (q.defined()) return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};
+    }
+    auto q = q_proj(x).view({B, T, heads_, head_dim_});
+    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_});
     auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
-    return {apply_rope(q, cos, sin), apply_rope(k, cos, sin), v};
+    if (fused::rope_(q, k, cos, sin)) return {q.transpose(1, 2), k.transpose(1, 2), v};  // inference on CUDA
+    return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v};
   }
 
   /// Softmax attention of q over k/v (kv heads repeated for GQA); `mask` bool [B,1,Tq,Tk] or undefined.
@@ -141,9 +186,33 @@ class AttentionImpl : public torch::nn::Module {
   /// the attention (KV cache).
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0) {
     auto [q, k, v] = project(x, ctx.cos, ctx.sin);
+#if HYBRIDRL_HAS_VARLEN_FLASH
+    if (ctx.varlen && !ctx.attention) {  // packed sequences, one row: [1, H, N, D] -> [N, H, D]
+      const auto& vl = *ctx.varlen;
+      auto a = detail::compat::varlen_flash_attention(
+          q[0].transpose(0, 1).to(vl.dtype).contiguous(), k[0].transpose(0, 1).to(vl.dtype).contiguous(),
+          v[0].transpose(0, 1).to(vl.dtype).contiguous(),
+          vl.cu_seqlens, vl.cu_seqlens, vl.max_seqlen, vl.max_seqlen, 1.0 / std::sqrt(static_cast<double>(head_dim_)),
+          vl.window);
+      return output(a.transpose(0, 1).unsqueeze(0));
+    }
+#endif
     auto a = ctx.attention ? ctx.attention(layer, q, k, v)
                            : attend(q, k, v, ctx.mask, ctx.causal && !ctx.mask.defined());
     return output(a);
+  }
+
+  /// For inference: makes q_proj, k_proj and v_proj's weights (and biases) slices of one
+  /// [(H + 2 Hkv) D, hidden] tensor, so a forward where the fused kernels apply runs one GEMM for
+  /// the three. The parameters keep their names, shapes and values, and writing into them (a
+  /// weight load) writes the fused tensor. Should a parameter be re-pointed later (a device or
+  /// dtype move, a sharding engine's flat buffer), the forward sees it and drops the fused tensor.
+  /// A no-op for a tensor-parallel shard.
+  void fuse_projections() {
+    if (q_proj->parallel().sharded()) return;
+    c10::NoGradGuard ng;
+    qkv_weight_ = fuse_rows({&q_proj->weight, &k_proj->weight, &v_proj->weight});
+    qkv_bias_ = q_proj->bias.defined() ? fuse_rows({&q_proj->bias, &k_proj->bias, &v_proj->bias}) : at::Tensor();
   }
 
   [[nodiscard]] int64_t num_heads() const noexcept { return heads_; }        ///< query heads (this rank's)
@@ -154,7 +223,18 @@ class AttentionImpl : public torch::nn::Module {
   RowParallelLinear o_proj{nullptr};
 
  private:
+  // the projections' parameters still slices of the fused tensors (nothing re-pointed them)
+  bool fused_still_shared() {
+    const bool same = q_proj->weight.is_alias_of(qkv_weight_) && k_proj->weight.is_alias_of(qkv_weight_) &&
+                      v_proj->weight.is_alias_of(qkv_weight_) &&
+                      (!qkv_bias_.defined() || (q_proj->bias.is_alias_of(qkv_bias_) && k_proj->bias.is_alias_of(qkv_bias_) &&
+                                                v_proj->bias.is_alias_of(qkv_bias_)));
+    if (!same) qkv_weight_ = qkv_bias_ = at::Tensor();  // stale: release its memory
+    return same;
+  }
+
   int64_t heads_, kv_heads_, head_dim_;
+  at::Tensor qkv_weight_, qkv_bias_;  // fuse_projections(): [q; k; v] rows, the parameters are slices
 };
 /// Module holder of AttentionImpl.
 TORCH_MODULE(Attention);
@@ -170,10 +250,39 @@ class MLPImpl : public torch::nn::Module {
     down_proj = register_module("down_proj", RowParallelLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, pc));
   }
   /// The MLP of `x` [..., hidden].
-  at::Tensor forward(const at::Tensor& x) { return down_proj(at::silu(gate_proj(x)) * up_proj(x)); }
+  at::Tensor forward(const at::Tensor& x) {
+    if (gate_up_weight_.defined() && fused::applies(x) && x.scalar_type() == gate_up_weight_.scalar_type() &&
+        fused_still_shared()) {
+      // inference on CUDA: one GEMM for gate|up, one kernel for silu(gate) * up
+      auto act = fused::silu_mul_halves(at::linear(x, gate_up_weight_, gate_up_bias_));
+      if (act.defined()) return down_proj(act);
+    }
+    auto gate = gate_proj(x), up = up_proj(x);
+    auto act = fused::silu_mul(gate, up);  // inference on CUDA: one kernel
+    return down_proj(act.defined() ? act : at::silu(gate) * up);
+  }
+
+  /// For inference: gate_proj's and up_proj's weights (and biases) become the two halves of one
+  /// [2 I, hidden] tensor, one GEMM for both (as AttentionImpl::fuse_projections).
+  void fuse_projections() {
+    if (gate_proj->parallel().sharded()) return;
+    c10::NoGradGuard ng;
+    gate_up_weight_ = fuse_rows({&gate_proj->weight, &up_proj->weight});
+    gate_up_bias_ = gate_proj->bias.defined() ? fuse_rows({&gate_proj->bias, &up_proj->bias}) : at::Tensor();
+  }
 
   ColumnParallelLinear gate_proj{nullptr}, up_proj{nullptr};
   RowParallelLinear down_proj{nullptr};
+
+ private:
+  bool fused_still_shared() {
+    const bool same = gate_proj->weight.is_alias_of(gate_up_weight_) && up_proj->weight.is_alias_of(gate_up_weight_) &&
+                      (!gate_up_bias_.defined() ||
+                       (gate_proj->bias.is_alias_of(gate_up_bias_) && up_proj->bias.is_alias_of(gate_up_bias_)));
+    if (!same) gate_up_weight_ = gate_up_bias_ = at::Tensor();
+    return same;
+  }
+  at::Tensor gate_up_weight_, gate_up_bias_;  // fuse_projections(): [gate; up] rows
 };
 /// Module holder of MLPImpl.
 TORCH_MODULE(MLP);
@@ -191,8 +300,14 @@ class DecoderLayerImpl : public torch::nn::Module {
   }
   /// The layer (index `layer`) applied to `x` [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0) {
-    auto h = x + self_attn->forward(input_layernorm(x), ctx, layer);
-    return h + mlp(post_attention_layernorm(h));
+    auto [h, normed] = post_attention_layernorm->forward_add(x, self_attn->forward(input_layernorm(x), ctx, layer));
+    return h + mlp(normed);
+  }
+
+  /// For inference: one GEMM for q|k|v and one for gate|up (AttentionImpl / MLPImpl::fuse_projections).
+  void fuse_projections() {
+    self_attn->fuse_projections();
+    mlp->fuse_projections();
   }
 
   Attention self_attn{nullptr};

@@ -120,6 +120,8 @@ class PagedEngine {
     const auto& c = model_->config();
     const auto p = model_->parameters().front();
     device_ = p.device();
+    // one GEMM for q|k|v and one for gate|up in every layer (used where the fused kernels run)
+    if (device_.is_cuda()) model_->model->fuse_projections();
     dtype_ = p.scalar_type();
     block_bytes_ = 2 * c.num_hidden_layers * options_.block_size() * c.num_key_value_heads * c.head_dim *
                    static_cast<int64_t>(c10::elementSize(dtype_));

@@ -23,6 +23,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/rng.hpp"
+#include "hybridrl/cuda/fused.hpp"
 #include "hybridrl/rollout/philox.hpp"
 #include "hybridrl/rollout/sampling.hpp"
 
@@ -99,6 +100,12 @@ inline SampledTokens sample_tokens(const at::Tensor& logits, const SamplingOptio
   HYBRIDRL_CHECK(logits.dim() == 2, fmt::format("sample_tokens: logits have {} dims", logits.dim()),
                  "pass logits [B, vocab] of the positions being sampled");
   const auto V = logits.size(1);
+  if (!rows.banned.defined() && (o.temperature() == 0.0 || ((o.top_k() == 0 || o.top_k() >= V) && o.top_p() >= 1.0 &&
+                                                             o.min_p() == 0.0))) {
+    // one kernel on CUDA (the same draws): Philox, Gumbel, argmax and the log-softmax in one pass
+    auto [tokens, log_probs] = fused::sample(logits, o.temperature(), rows.seeds, rows.samples, rows.positions);
+    if (tokens.defined()) return {tokens, log_probs};
+  }
   auto x = logits.to(at::kFloat);
   const bool greedy = o.temperature() == 0.0;
   auto z = greedy ? x : x / o.temperature();

@@ -12,7 +12,7 @@
 ///
 /// run() is collective over the group (every rank calls it as often, with batches of any size).
 /// On one process (no Communicator, or one rank) it is the model as given, run under autocast
-/// when `param_dtype` differs from its weights' dtype.
+/// (the layers and the output head) when `param_dtype` differs from its weights' dtype.
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -115,7 +116,13 @@ class ShardedFrozen {
   template <class F>
   decltype(auto) run(F&& f) const {
     c10::NoGradGuard ng;
-    if (!sh_) return f(model_);
+    if (!sh_) {
+      // the output head too in param_dtype, as the policy's engine computes it (Sharding<FSDP>::forward)
+      std::optional<detail::compat::AutocastGuard> cast;
+      const auto w = model_->parameters().front();  // a copy: parameters() returns a temporary vector
+      if (param_dtype_ != w.scalar_type()) cast.emplace(w.device().type(), param_dtype_);
+      return f(model_);
+    }
     detail::fsdp::gather(sh_->units.back(), sh_->groups, param_dtype_);
     struct Release {
       detail::fsdp::Unit* root;

@@ -58,15 +58,23 @@ namespace hybridrl {
 
 namespace detail {
 
-/// A step's metrics over the ranks of `comm` (collective; every rank has the same keys): times
-/// and memory the largest over ranks, tokens_per_s the sum, the rest the mean.
+/// A step's metrics over the ranks of `comm` (collective; every rank has the same keys): times,
+/// memory and keys ending in `_max` the largest over ranks, keys ending in `_min` the smallest,
+/// tokens_per_s the sum, the rest the mean.
 inline void reduce_metrics(std::map<std::string, double>& m, Communicator& comm) {
-  auto kind = [](const std::string& k) {
-    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0) return 1;
+  auto ends_with = [](const std::string& k, std::string_view tail) {
+    return k.size() >= tail.size() && k.compare(k.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  auto kind = [&](const std::string& k) {
+    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || ends_with(k, "_max")) return 1;
+    if (ends_with(k, "_min")) return 3;  // the smallest: the largest of the negated values
     return k == "tokens_per_s" ? 2 : 0;
   };
   std::vector<double> mean, largest;
-  for (const auto& [k, v] : m) (kind(k) == 1 ? largest : mean).push_back(v);
+  for (const auto& [k, v] : m) {
+    const auto c = kind(k);
+    (c == 1 || c == 3 ? largest : mean).push_back(c == 3 ? -v : v);
+  }
   auto reduce = [&](std::vector<double>& v, ReduceOp op) {
     if (v.empty()) return;
     auto t = at::tensor(v, at::kDouble);
@@ -78,8 +86,8 @@ inline void reduce_metrics(std::map<std::string, double>& m, Communicator& comm)
   size_t a = 0, b = 0;
   for (auto& [k, v] : m) {
     const auto c = kind(k);
-    if (c == 1) {
-      v = largest[b++];
+    if (c == 1 || c == 3) {
+      v = c == 3 ? -largest[b++] : largest[b++];
     } else {
       v = c == 2 ? mean[a++] : mean[a++] / comm.size();
     }
@@ -985,6 +993,18 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     const auto info = loader.info();
     ++step;
     std::map<std::string, double> m;  // the step's metrics
+    // CUDA: the peak of allocated memory in each phase (memory/peak_<phase>_gb), each phase's
+    // high-water mark started afresh; the step's peak is the largest
+    double step_peak = 0;
+    const int cuda_index = device.index() < 0 ? 0 : device.index();
+    if (device.is_cuda()) detail::compat::reset_cuda_peak(cuda_index);
+    auto phase_peak = [&](const char* phase) {
+      if (!device.is_cuda()) return;
+      const auto peak = detail::memory_use(device).peak_gb;
+      m[fmt::format("memory/peak_{}_gb", phase)] = peak;
+      step_peak = std::max(step_peak, peak);
+      detail::compat::reset_cuda_peak(cuda_index);
+    };
     TensorBatch batch;
     bool train = true;
     int64_t step_tokens = info.real_tokens;
@@ -1011,6 +1031,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       batch = rollout->generate(prompts, sampling).to(device);
       const auto rs = rollout->stats();
       step_tokens = rs.prompt_tokens + rs.generated_tokens;
+      m["memory/kv_cache_gb"] = static_cast<double>(rs.kv_cache_bytes) / (1024.0 * 1024.0 * 1024.0);
+      m["rollout/kv_peak_utilization"] = rs.kv_peak_utilization;
+      m["rollout/tokens_per_s"] = rs.seconds > 0 ? static_cast<double>(rs.generated_tokens) / rs.seconds : 0.0;
       if (shared_batches) {  // the group's shares, padded to their longest prompt and response, in rank order
         auto tokens = at::tensor(std::vector<int64_t>{step_tokens}, at::kLong).to(device);
         tp_comm->all_reduce(tokens, ReduceOp::sum);
@@ -1024,6 +1047,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         }
       }
       m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
+      phase_peak("generate");
       // reward
       const auto w0 = clock::now();
       const auto scores = pl.reward_apart
@@ -1091,9 +1115,11 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
           const auto n = mask.sum().clamp_min(1.0);
           if (!ents.empty()) m["entropy"] = (at::cat(ents) * mask).sum().div(n).template item<double>();
-          m["rollout/log_prob_diff"] =
-              ((batch.tensor(keys::rollout_log_probs).to(at::kFloat) - batch.tensor(keys::old_log_probs)).abs() * mask)
-                  .sum().div(n).template item<double>();
+          // how far the engine's log-probs are from the trainer's under the same weights
+          for (const auto& [k, v] : rollout_agreement_metrics(batch.tensor(keys::rollout_log_probs),
+                                                              batch.tensor(keys::old_log_probs), mask)) {
+            m[k] = v;
+          }
           if (batch.has_tensor(keys::ref_log_probs.str())) {
             m["kl"] = ((batch.tensor(keys::old_log_probs) - batch.tensor(keys::ref_log_probs)) * mask)
                           .sum().div(n).template item<double>();
@@ -1132,6 +1158,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         }
       }
     }
+    if constexpr (has_rollout) phase_peak("scoring");  // reward, reference, old log-probs, values, advantages
     // the update: ppo_epochs passes of mini-batches of micro-batches
     const auto u0 = clock::now();
     std::map<std::string, double> sums, critic_sums;  // each mini-batch's metrics, averaged over the updates
@@ -1202,10 +1229,12 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     }
     if (train) algorithm_type::after_step(batch, o.algorithm(), state, dp_comm.get());
     const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
+    phase_peak("update");
     if constexpr (has_rollout) {  // the new weights to the rollout engine
       const auto s0 = clock::now();
       if (train && update_policy) sync_weights();  // a critic warm-up step left the policy as it was
       m["time/weight_sync"] = std::chrono::duration<double>(clock::now() - s0).count();
+      phase_peak("weight_sync");
       if constexpr (requires { engine.last_export_bytes(); }) {  // received from the other ranks (sharded)
         m["weight_sync/bytes"] = train && update_policy ? static_cast<double>(engine.last_export_bytes()) : 0.0;
       }
@@ -1233,7 +1262,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     const auto mem = detail::memory_use(device);
     m["memory/allocated_gb"] = mem.allocated_gb;
     m["memory/reserved_gb"] = mem.reserved_gb;
-    m["memory/peak_gb"] = mem.peak_gb;
+    m["memory/peak_gb"] = device.is_cuda() ? std::max(step_peak, mem.peak_gb) : mem.peak_gb;
     if constexpr (requires { engine.local_parameter_elements(); }) {
       // what a rank stores of the policy (its parameters, gradients and AdamW moments are each
       // this many elements): the model's size / the shard count, under Sharding<FSDP> over ranks

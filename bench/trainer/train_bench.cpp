@@ -1,0 +1,193 @@
+// Training benchmarks on the GPU (a bench program like bench_rollout; built where CUDA is on).
+// Prints one JSON object per measurement. Random-init Llama configs of ../shared/bench/hf_baseline.py.
+//   bench_train update 160m|1b [micro]   the policy update alone: forward + backward + AdamW of
+//                                        16 × 1024 tokens through Sharding<FSDP> (fp32 master, bf16
+//                                        compute), `micro` sequences per micro-batch (default 16);
+//                                        tokens/s and MFU (6 · params · tokens / time / 989 TFLOP/s,
+//                                        the peer's formula), peak memory. 3 warm-up steps, 5 timed.
+//   bench_train grpo 160m|1b [steps]     GRPOTrainer (Rollout<Paged>, Sharding<FSDP>) steps of 64
+//                                        prompts × 8 samples, prompt 128 random tokens, 256 new
+//                                        tokens (EOS ignored), one update per step: each step's
+//                                        phase times and per-phase peak memory (the first step
+//                                        captures the CUDA graphs: read the later ones)
+// The peers are bench/peers/update_peer.py and bench/peers/grpo_step_peer.py (transformers + torch,
+// same shapes), run in the same job by scripts/gpu_bench.sh; see docs/benchmarks.md.
+#include <hybridrl/hybridrl.hpp>
+#include <hybridrl/trainer/run.hpp>
+
+#include "../support/llama_configs.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#if defined(HYBRIDRL_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+using namespace hybridrl;
+
+namespace {
+
+using bench::llama;  // bench/support/llama_configs.hpp
+
+at::Device device() { return at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU); }
+
+void sync() {
+#if defined(HYBRIDRL_WITH_CUDA)
+  cudaDeviceSynchronize();
+#endif
+}
+
+double peak_gb() {
+  return hybridrl::detail::memory_use(device()).peak_gb;
+}
+
+int bench_update(const std::string& name, int64_t micro) {
+  const auto c = llama(name);
+  at::manual_seed(0);
+  CausalLM m(c);
+  m->to(device());
+  int64_t params = 0;
+  for (const auto& p : m->parameters()) params += p.numel();
+  auto e = Sharding<FSDP>::make(m, FSDPOptions{}, OptimizerOptions{}.lr(1e-5), 100);
+  auto lpo = LogProbOptions{}.with_entropy(false);
+  e.set_log_prob_options(lpo);
+  const int64_t B = 16, T = 1024;
+  const auto ids = at::randint(100, c.vocab_size, {B, T}, at::TensorOptions().dtype(at::kLong).device(device()));
+  const TensorBatch batch({{keys::input_ids.str(), ids}, {keys::attention_mask.str(), at::ones_like(ids)}});
+  using clock = std::chrono::steady_clock;
+  double t_fb = 0, t_opt = 0;  // forward + backward, and the optimizer step (synchronised apart)
+  auto step = [&] {
+    const auto a = clock::now();
+    for (const auto& mb : batch.split(micro)) {
+      const auto out = e.forward(mb);
+      const auto loss = -out.tensor(keys::log_probs).mean() * (static_cast<double>(mb.size()) / static_cast<double>(B));
+      e.backward(loss);
+    }
+    sync();
+    const auto b = clock::now();
+    e.step();
+    sync();
+    t_fb += std::chrono::duration<double>(b - a).count();
+    t_opt += std::chrono::duration<double>(clock::now() - b).count();
+  };
+  for (int i = 0; i < 3; ++i) step();
+  sync();
+  hybridrl::detail::compat::reset_cuda_peak(0);
+  t_fb = t_opt = 0;
+  constexpr int reps = 5;
+  for (int i = 0; i < reps; ++i) step();
+  const double dt = (t_fb + t_opt) / reps;
+  const double tokens = static_cast<double>(B * T);
+  std::printf("{\"bench\": \"update\", \"engine\": \"hybridrl FSDP (fp32 master, bf16 compute)\", \"model\": \"%s\", "
+              "\"params\": %lld, \"tokens\": %.0f, \"micro_batch\": %lld, \"step_s\": %.4f, \"tokens_per_s\": %.1f, "
+              "\"mfu\": %.4f, \"forward_backward_s\": %.4f, \"optimizer_s\": %.4f, \"peak_gb\": %.2f}\n",
+              name.c_str(), static_cast<long long>(params), tokens, static_cast<long long>(micro), dt, tokens / dt,
+              6.0 * static_cast<double>(params) * tokens / dt / 989e12, t_fb / reps, t_opt / reps, peak_gb());
+  std::fflush(stdout);
+  return 0;
+}
+
+// prompts are written as token ids ("17 923 4 ..."); this tokenizer reads them back
+struct IdTokenizer {
+  int64_t vocab = 32000;
+  [[nodiscard]] std::vector<int64_t> encode(std::string_view text, bool) const {
+    std::vector<int64_t> ids;
+    std::istringstream in{std::string(text)};
+    for (int64_t x; in >> x;) ids.push_back(x);
+    return ids;
+  }
+  [[nodiscard]] std::string decode(const std::vector<int64_t>& ids) const {
+    std::string s;
+    for (auto x : ids) s += std::to_string(x) + " ";
+    return s;
+  }
+  [[nodiscard]] int64_t vocab_size() const { return vocab; }
+  [[nodiscard]] int64_t bos_id() const { return 1; }
+  [[nodiscard]] int64_t eos_id() const { return 2; }
+  [[nodiscard]] int64_t pad_id() const { return 0; }
+};
+
+int bench_grpo(const std::string& name, int64_t steps) {
+  const auto c = llama(name);
+  const bool tiny = name == "tiny";  // a CPU smoke test of the program
+  const int64_t prompts = tiny ? 4 : 64, n = tiny ? 2 : 8, P = tiny ? 8 : 128, G = tiny ? 8 : 256;
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("hybridrl_grpo_bench_{}", name);
+  std::filesystem::remove_all(dir);
+  std::vector<std::string> args{
+      "model.init=tiny", "task.name=reverse", fmt::format("data.train_batch_size={}", prompts), fmt::format("rollout.n={}", n),
+      fmt::format("rollout.max_new_tokens={}", G), "rollout.ignore_eos=true", "rollout.temperature=1.0",
+      fmt::format("rollout.max_num_seqs={}", prompts * n), "rollout.max_num_batched_tokens=16384",
+      fmt::format("geometry.ppo_mini_batch_size={}", prompts), tiny ? "geometry.micro_batch_size_per_gpu=4" : "geometry.micro_batch_size_per_gpu=32",
+      fmt::format("trainer.total_steps={}", steps), fmt::format("trainer.output_dir={}", dir.string()),
+      "trainer.save_model=false", "trainer.tensorboard=false", "optim.lr=1e-6", "loader.epochs=0"};
+  ConfigSources src;
+  src.overrides = args;
+  const auto cfg = configure_run<GRPOTrainer>(src);
+  std::string jsonl;
+  at::manual_seed(1);
+  for (int64_t i = 0; i < prompts * steps; ++i) {
+    auto ids = at::randint(100, c.vocab_size, {P}, at::kLong);
+    std::string text;
+    for (int64_t t = 0; t < P; ++t) text += std::to_string(ids[t].item<int64_t>()) + " ";
+    jsonl += fmt::format("{{\"prompt\": \"{}\"}}\n", text);
+  }
+  std::istringstream in(jsonl);
+  auto data = PromptDataset::from_stream(in, "<bench>", IdTokenizer{}, DatasetOptions{}.add_bos(false));
+  at::manual_seed(0);
+  CausalLM policy(c);
+  policy->to(device());
+  int64_t params = 0;
+  for (const auto& p : policy->parameters()) params += p.numel();
+  // a reward that varies between the samples of a group: the share of even response ids
+  RewardFn reward = [](const RewardInput& r) {
+    int64_t even = 0;
+    for (auto t : r.response_ids) even += t % 2 == 0 ? 1 : 0;
+    return static_cast<double>(even) / static_cast<double>(std::max<size_t>(r.response_ids.size(), 1));
+  };
+  FitParts parts;
+  parts.rollout_dtype = at::kBFloat16;
+  parts.on_step = [&](int64_t step, const std::map<std::string, double>& m) {
+    std::string s = fmt::format("{{\"bench\": \"grpo_step\", \"engine\": \"hybridrl GRPOTrainer\", \"model\": \"{}\", "
+                                "\"params\": {}, \"prompts\": {}, \"n\": {}, \"step\": {}, \"unix_time\": {:.3f}",
+                                name, params, prompts, n, step,
+                                std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+    for (const auto& [k, v] : m) {
+      if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("rollout/", 0) == 0 || k == "tokens_per_s") {
+        s += fmt::format(", \"{}\": {:.5g}", k, v);
+      }
+    }
+    std::printf("%s}\n", s.c_str());
+    std::fflush(stdout);
+  };
+  GRPOTrainer trainer(cfg.run());
+  trainer.fit(policy, std::make_shared<const PromptDataset>(std::move(data)), batched(reward), parts);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    if (mode == "update" && argc > 2) return bench_update(argv[2], argc > 3 ? std::stoll(argv[3]) : 16);
+    if (mode == "grpo" && argc > 2) return bench_grpo(argv[2], argc > 3 ? std::stoll(argv[3]) : 3);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train: %s\n", e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: bench_train update 160m|1b [micro] | grpo 160m|1b [steps]\n");
+  return 2;
+}

@@ -1,0 +1,261 @@
+#pragma once
+/// \file
+/// Fused CUDA kernels for inference forwards (generation, and the no-grad log-prob passes): RMSNorm
+/// with the residual add before it, rotary embeddings on q and k in place, SiLU(gate) · up, and
+/// one-pass token sampling (src/cuda/fused_ops.cu). Each function here returns an undefined tensor
+/// (or false) where its kernel does not apply, and the caller runs its eager ops instead: on the
+/// CPU, in a target not linked with hybridrl::cuda, with autograd recording (the kernels have no
+/// backward), for mixed dtypes or non-contiguous inputs, or when switched off.
+///
+/// The kernels round where the eager ops round: the rotary and the activation are bit-identical to
+/// them, the norm may differ in the last place of its output (another summation order), the
+/// sampler draws the tokens of rollout/sampler.hpp's tensor path. Switch them off for a whole
+/// process with the environment variable HYBRIDRL_FUSED_KERNELS=0, or with
+/// `hybridrl::fused::set_enabled(false)`.
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <utility>
+
+#include "hybridrl/core/error.hpp"
+#include "hybridrl/cuda/launchers.hpp"
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace hybridrl::fused {
+
+namespace detail {
+inline std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("HYBRIDRL_FUSED_KERNELS");
+    return v == nullptr || std::string_view(v) != "0";
+  }()};
+  return on;
+}
+
+inline std::optional<cuda::KernelDtype> kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return cuda::KernelDtype::f32;
+    case at::kHalf: return cuda::KernelDtype::f16;
+    case at::kBFloat16: return cuda::KernelDtype::bf16;
+    default: return std::nullopt;
+  }
+}
+
+inline void check_launch(int rc, std::string_view what) {
+  HYBRIDRL_CHECK(rc == 0, fmt::format("fused {}: the CUDA kernel failed to launch (cudaError {})", what, rc),
+                 "check the device and that hybridrl::cuda was built for its architecture, or set "
+                 "HYBRIDRL_FUSED_KERNELS=0");
+}
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+inline void* stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+#endif
+}  // namespace detail
+
+/// Switches the fused kernels on or off for the process (on unless HYBRIDRL_FUSED_KERNELS=0).
+inline void set_enabled(bool on) noexcept { detail::enabled_flag().store(on); }
+/// Whether the fused kernels are switched on.
+[[nodiscard]] inline bool enabled() noexcept { return detail::enabled_flag().load(); }
+
+/// Whether the kernels can run on `t`: CUDA, linked with hybridrl::cuda, no autograd recording,
+/// switched on, a float / half / bfloat16 dtype.
+[[nodiscard]] inline bool applies(const at::Tensor& t) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  return t.defined() && t.is_cuda() && !c10::GradMode::is_enabled() && enabled() &&
+         detail::kernel_dtype(t.scalar_type()).has_value();
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+/// RMSNorm of `x` [..., dim] with `weight` [dim] (the dtype of x): undefined where the kernel does
+/// not apply.
+inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!applies(x) || weight.scalar_type() != x.scalar_type() || weight.device() != x.device() ||
+      !x.is_contiguous() || !weight.is_contiguous() || weight.dim() != 1 || weight.size(0) != x.size(-1)) {
+    return {};
+  }
+  auto out = at::empty_like(x);
+  const auto dim = x.size(-1);
+  detail::check_launch(cuda::launch_rms_norm(x.data_ptr(), nullptr, nullptr, weight.data_ptr(), out.data_ptr(),
+                                             x.numel() / dim, dim, static_cast<float>(eps),
+                                             *detail::kernel_dtype(x.scalar_type()), detail::stream()),
+                       "rms_norm");
+  return out;
+#else
+  (void)x, (void)weight, (void)eps;
+  return {};
+#endif
+}
+
+/// {h, rms_norm(h)} with h = x + residual (a pre-norm layer's residual add and the next norm in
+/// one pass): undefined tensors where the kernel does not apply.
+inline std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                      const at::Tensor& weight, double eps) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!applies(x) || residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
+      residual.device() != x.device() || !residual.is_contiguous() || weight.scalar_type() != x.scalar_type() ||
+      weight.device() != x.device() || !x.is_contiguous() || !weight.is_contiguous() || weight.dim() != 1 ||
+      weight.size(0) != x.size(-1)) {
+    return {};
+  }
+  auto h = at::empty_like(x);
+  auto out = at::empty_like(x);
+  const auto dim = x.size(-1);
+  detail::check_launch(cuda::launch_rms_norm(x.data_ptr(), residual.data_ptr(), h.data_ptr(), weight.data_ptr(),
+                                             out.data_ptr(), x.numel() / dim, dim, static_cast<float>(eps),
+                                             *detail::kernel_dtype(x.scalar_type()), detail::stream()),
+                       "add_rms_norm");
+  return {h, out};
+#else
+  (void)x, (void)residual, (void)weight, (void)eps;
+  return {};
+#endif
+}
+
+/// Rotary embeddings applied in place to q [B, T, H, D] and k [B, T, Hkv, D] (contiguous) with
+/// cos / sin [B, T, D]: true when done, false where the kernel does not apply (nothing changed).
+inline bool rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!applies(q) || q.dim() != 4 || k.dim() != 4 || !q.is_contiguous() || !k.is_contiguous() ||
+      !cos.is_contiguous() || !sin.is_contiguous() || k.scalar_type() != q.scalar_type() ||
+      cos.scalar_type() != q.scalar_type() || sin.scalar_type() != q.scalar_type() || k.device() != q.device() ||
+      cos.device() != q.device() || sin.device() != q.device()) {
+    return false;
+  }
+  const auto B = q.size(0), T = q.size(1), D = q.size(3);
+  if (k.size(0) != B || k.size(1) != T || k.size(3) != D || D % 2 != 0 || cos.dim() != 3 || cos.size(0) != B ||
+      cos.size(1) != T || cos.size(2) != D || sin.sizes() != cos.sizes()) {
+    return false;
+  }
+  const auto H = q.size(2), Hkv = k.size(2);
+  detail::check_launch(cuda::launch_rope(q.data_ptr(), k.data_ptr(), nullptr, H * D, Hkv * D, 0, q.data_ptr(),
+                                         k.data_ptr(), nullptr, cos.data_ptr(), sin.data_ptr(), B * T, H, Hkv, D,
+                                         *detail::kernel_dtype(q.scalar_type()), detail::stream()),
+                       "rope");
+  return true;
+#else
+  (void)q, (void)k, (void)cos, (void)sin;
+  return false;
+#endif
+}
+
+/// The rotary-embedded q [B, T, H, D], k [B, T, Hkv, D] and v [B, T, Hkv, D] (each contiguous)
+/// of one fused q|k|v projection `qkv` [B, T, (H + 2 Hkv) D] (contiguous) with cos / sin
+/// [B, T, D]: one kernel splits, rotates and copies. Undefined tensors where it does not apply.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads,
+                                                               int64_t head_dim, const at::Tensor& cos,
+                                                               const at::Tensor& sin) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  const auto row = (heads + 2 * kv_heads) * head_dim;
+  if (!applies(qkv) || qkv.dim() != 3 || qkv.size(2) != row || !qkv.is_contiguous() || head_dim % 2 != 0 ||
+      !cos.is_contiguous() || !sin.is_contiguous() || cos.scalar_type() != qkv.scalar_type() ||
+      sin.scalar_type() != qkv.scalar_type() || cos.device() != qkv.device() || sin.device() != qkv.device() ||
+      cos.dim() != 3 || cos.size(0) != qkv.size(0) || cos.size(1) != qkv.size(1) || cos.size(2) != head_dim ||
+      sin.sizes() != cos.sizes()) {
+    return {};
+  }
+  const auto B = qkv.size(0), T = qkv.size(1);
+  auto q = at::empty({B, T, heads, head_dim}, qkv.options());
+  auto k = at::empty({B, T, kv_heads, head_dim}, qkv.options());
+  auto v = at::empty({B, T, kv_heads, head_dim}, qkv.options());
+  const auto elem = static_cast<int64_t>(qkv.element_size());
+  const auto* base = static_cast<const char*>(qkv.data_ptr());
+  detail::check_launch(cuda::launch_rope(base, base + heads * head_dim * elem, base + (heads + kv_heads) * head_dim * elem,
+                                         row, row, row, q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(),
+                                         sin.data_ptr(), B * T, heads, kv_heads, head_dim,
+                                         *detail::kernel_dtype(qkv.scalar_type()), detail::stream()),
+                       "qkv_rope");
+  return {q, k, v};
+#else
+  (void)qkv, (void)heads, (void)kv_heads, (void)head_dim, (void)cos, (void)sin;
+  return {};
+#endif
+}
+
+/// silu(gate) · up (one shape, contiguous): undefined where the kernel does not apply.
+inline at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!applies(gate) || up.sizes() != gate.sizes() || up.scalar_type() != gate.scalar_type() ||
+      up.device() != gate.device() || !gate.is_contiguous() || !up.is_contiguous() || gate.dim() == 0) {
+    return {};
+  }
+  auto out = at::empty_like(gate);
+  const auto cols = gate.size(-1);
+  detail::check_launch(cuda::launch_silu_mul(gate.data_ptr(), up.data_ptr(), cols, out.data_ptr(), gate.numel() / cols,
+                                             cols, *detail::kernel_dtype(gate.scalar_type()), detail::stream()),
+                       "silu_mul");
+  return out;
+#else
+  (void)gate, (void)up;
+  return {};
+#endif
+}
+
+/// silu(gate) · up of one fused gate|up projection `gate_up` [..., 2 I] (contiguous): [..., I];
+/// undefined where the kernel does not apply.
+inline at::Tensor silu_mul_halves(const at::Tensor& gate_up) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!applies(gate_up) || !gate_up.is_contiguous() || gate_up.dim() == 0 || gate_up.size(-1) % 2 != 0) return {};
+  auto sizes = gate_up.sizes().vec();
+  const auto in = sizes.back(), cols = in / 2;
+  sizes.back() = cols;
+  auto out = at::empty(sizes, gate_up.options());
+  const auto* base = static_cast<const char*>(gate_up.data_ptr());
+  detail::check_launch(cuda::launch_silu_mul(base, base + cols * static_cast<int64_t>(gate_up.element_size()), in,
+                                             out.data_ptr(), gate_up.numel() / in, cols,
+                                             *detail::kernel_dtype(gate_up.scalar_type()), detail::stream()),
+                       "silu_mul_halves");
+  return out;
+#else
+  (void)gate_up;
+  return {};
+#endif
+}
+
+/// One draw per row of `logits` [B, V] (rollout/sampler.hpp's rule without top-k / top-p / min-p /
+/// banned tokens): {tokens int64 [B], log_probs float [B]}, or undefined tensors where the kernel
+/// does not apply. `temperature` 0 = greedy. seeds / samples / positions: int64 [B] on the device.
+inline std::pair<at::Tensor, at::Tensor> sample(const at::Tensor& logits, double temperature, const at::Tensor& seeds,
+                                                const at::Tensor& samples, const at::Tensor& positions) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!applies(logits) || logits.dim() != 2 || logits.stride(1) != 1) return {};
+  const auto B = logits.size(0);
+  for (const auto* t : {&seeds, &samples, &positions}) {
+    if (!t->defined() || t->scalar_type() != at::kLong || t->dim() != 1 || t->size(0) != B ||
+        t->device() != logits.device() || !t->is_contiguous()) {
+      return {};
+    }
+  }
+  auto tokens = at::empty({B}, logits.options().dtype(at::kLong));
+  auto log_probs = at::empty({B}, logits.options().dtype(at::kFloat));
+  const bool greedy = temperature == 0.0;
+  // logits / T as ATen computes it on CUDA: a multiply by the float reciprocal of the float T
+  const float inv = greedy ? 1.0f : 1.0f / static_cast<float>(temperature);
+  detail::check_launch(cuda::launch_sample_tokens(logits.data_ptr(), B, logits.size(1), logits.stride(0), inv, greedy,
+                                                  seeds.data_ptr<int64_t>(), samples.data_ptr<int64_t>(),
+                                                  positions.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(),
+                                                  log_probs.data_ptr<float>(), *detail::kernel_dtype(logits.scalar_type()),
+                                                  detail::stream()),
+                       "sample");
+  return {tokens, log_probs};
+#else
+  (void)logits, (void)temperature, (void)seeds, (void)samples, (void)positions;
+  return {};
+#endif
+}
+
+}  // namespace hybridrl::fused

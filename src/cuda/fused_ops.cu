@@ -1,0 +1,340 @@
+// Fused inference kernels of the decoder and the sampler: RMSNorm (with the residual add before
+// it), rotary embeddings on q and k in place, SiLU(gate) * up, and one-pass token sampling. Each
+// replaces a chain of LibTorch ops (8 for a norm, ~10 for the rotary of q and k, 2 for the MLP's
+// activation, ~170 for a Philox + Gumbel-max draw over the vocabulary) by one launch.
+//
+// Numerics follow the eager ops they replace, rounding where those round: the rotary and the
+// activation round every intermediate the eager bf16/fp16 ops round, so they are bit-identical
+// to them; the norm sums its squares in another order (the result may differ by one unit in the
+// last place of the output dtype); the sampler computes the same Philox uniforms and Gumbel noise
+// with the same float functions (logf), so it draws the same tokens as the tensor path
+// (rollout/sampler.hpp), and its log-prob differs only by the summation order of the softmax.
+// Host launchers declared in include/hybridrl/cuda/launchers.hpp; the LibTorch-facing entry
+// points are in include/hybridrl/cuda/fused.hpp.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "hybridrl/cuda/launchers.hpp"
+
+namespace hybridrl::cuda {
+namespace {
+
+template <class T>
+__device__ __forceinline__ float to_f(T x);
+template <>
+__device__ __forceinline__ float to_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_f<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+/// `x` rounded to T and back: what an eager op producing a T tensor stores.
+template <class T>
+__device__ __forceinline__ float round_to(float x) { return to_f<T>(from_f<T>(x)); }
+
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024).
+__device__ float block_sum(float v, float* shared) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? shared[lane] : 0.0f;
+  if (warp == 0) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const float total = shared[0];
+  __syncthreads();  // shared may be reused by the caller
+  return total;
+}
+
+// ---- RMSNorm, with the residual add before it ----
+// out = weight * T(h * rsqrt(mean(h²) + eps)), h = x (+ residual, rounded to T and stored in
+// residual_out). One block per row.
+template <class T>
+__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ residual_out,
+                                const T* __restrict__ weight, T* __restrict__ out, int64_t dim, float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * dim;
+  const T* rr = residual != nullptr ? residual + row * dim : nullptr;
+  T* hr = residual_out != nullptr ? residual_out + row * dim : nullptr;
+  float sq = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float h = to_f<T>(xr[i]);
+    if (rr != nullptr) {
+      h = round_to<T>(h + to_f<T>(rr[i]));
+      hr[i] = from_f<T>(h);
+    }
+    sq += h * h;
+  }
+  const float mean = block_sum(sq, shared) * (1.0f / static_cast<float>(dim));
+  const float r = rsqrtf(mean + eps);
+  T* o = out + row * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float h = rr != nullptr ? to_f<T>(hr[i]) : to_f<T>(xr[i]);
+    o[i] = from_f<T>(to_f<T>(weight[i]) * round_to<T>(h * r));
+  }
+}
+
+// ---- rotary embeddings of q and k (and v's copy) ----
+// Rows of q [tokens, heads, D], k and v [tokens, kv_heads, D] are read `*_stride` elements apart
+// (the slices of one fused q|k|v projection, or separate tensors) and written contiguous (in
+// place when out == in): x_i ← x_i cos_i − x_{i+D/2} sin_i, x_{i+D/2} ← x_{i+D/2} cos_{i+D/2} +
+// x_i sin_{i+D/2}, each product and the sum rounded to T (HF's rotate_half form as eager ops
+// compute it; __fmul_rn keeps the compiler from contracting a product and the sum into an FMA,
+// which rounds once). cos / sin [tokens, D]. One block per token; q's heads, then k's, then v's.
+template <class T>
+__global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t q_stride, int64_t k_stride,
+                            int64_t v_stride, T* q_out, T* k_out, T* v_out, const T* __restrict__ cos,
+                            const T* __restrict__ sin, int heads, int kv_heads, int head_dim) {
+  const int64_t token = blockIdx.x;
+  const int half = head_dim / 2;
+  const T* c = cos + token * head_dim;
+  const T* s = sin + token * head_dim;
+  const int pairs = (heads + kv_heads) * half;
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int head = p / half, i = p % half;
+    const bool is_q = head < heads;
+    const int h = is_q ? head : head - heads;
+    const T* x = (is_q ? q_in + token * q_stride : k_in + token * k_stride) + h * head_dim;
+    T* y = (is_q ? q_out + token * heads * head_dim : k_out + token * kv_heads * head_dim) + h * head_dim;
+    const float a = to_f<T>(x[i]), b = to_f<T>(x[i + half]);
+    const float lo = round_to<T>(round_to<T>(__fmul_rn(a, to_f<T>(c[i]))) + round_to<T>(__fmul_rn(-b, to_f<T>(s[i]))));
+    const float hi =
+        round_to<T>(round_to<T>(__fmul_rn(b, to_f<T>(c[i + half]))) + round_to<T>(__fmul_rn(a, to_f<T>(s[i + half]))));
+    y[i] = from_f<T>(lo);
+    y[i + half] = from_f<T>(hi);
+  }
+  if (v_in != nullptr) {
+    const int n = kv_heads * head_dim;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) v_out[token * n + e] = v_in[token * v_stride + e];
+  }
+}
+
+// ---- SiLU(gate) * up ----
+// gate and up rows `in_stride` elements apart (the halves of one fused gate|up projection, or
+// separate tensors), out [rows, cols] contiguous.
+template <class T>
+__global__ void silu_mul_kernel(const T* __restrict__ gate, const T* __restrict__ up, int64_t in_stride,
+                                T* __restrict__ out, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, col = i % cols;
+    const float g = to_f<T>(gate[r * in_stride + col]);
+    const float act = round_to<T>(g / (1.0f + expf(-g)));
+    out[i] = from_f<T>(__fmul_rn(act, to_f<T>(up[r * in_stride + col])));
+  }
+}
+
+// ---- sampling: Philox-4x32-10 + Gumbel-max, and the log-softmax at the drawn token ----
+struct Philox {
+  uint32_t x[4];
+};
+__device__ __forceinline__ Philox philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                                                uint32_t k1) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t hi0 = __umulhi(kM0, c0), lo0 = kM0 * c0;
+    const uint32_t hi1 = __umulhi(kM1, c2), lo1 = kM1 * c2;
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+    k0 += kW0;
+    k1 += kW1;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+/// The running state of one thread (or warp, block) over a row: the best Gumbel score and its
+/// token (the lowest index among ties, as argmax), the tempered logit there, and the online
+/// softmax's max and sum.
+struct DrawState {
+  float best = -INFINITY;
+  int64_t token = INT64_MAX;
+  float z_at = 0.0f;
+  float m = -INFINITY;
+  float s = 0.0f;
+};
+
+__device__ __forceinline__ void merge(DrawState& a, const DrawState& b) {
+  if (b.best > a.best || (b.best == a.best && b.token < a.token)) {
+    a.best = b.best;
+    a.token = b.token;
+    a.z_at = b.z_at;
+  }
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return;
+  a.s = (a.m == -INFINITY ? 0.0f : a.s * expf(a.m - m)) + (b.m == -INFINITY ? 0.0f : b.s * expf(b.m - m));
+  a.m = m;
+}
+
+__device__ __forceinline__ DrawState shfl_xor(const DrawState& d, int o) {
+  DrawState r;
+  r.best = __shfl_xor_sync(0xffffffffu, d.best, o);
+  r.token = __shfl_xor_sync(0xffffffffu, d.token, o);
+  r.z_at = __shfl_xor_sync(0xffffffffu, d.z_at, o);
+  r.m = __shfl_xor_sync(0xffffffffu, d.m, o);
+  r.s = __shfl_xor_sync(0xffffffffu, d.s, o);
+  return r;
+}
+
+__device__ __forceinline__ void add_token(DrawState& d, float z, float score, int64_t v) {
+  if (score > d.best || (score == d.best && v < d.token)) {
+    d.best = score;
+    d.token = v;
+    d.z_at = z;
+  }
+  if (z > d.m) {
+    d.s = (d.m == -INFINITY ? 0.0f : d.s * expf(d.m - z)) + 1.0f;
+    d.m = z;
+  } else if (z != -INFINITY) {
+    d.s += expf(z - d.m);
+  }
+}
+
+constexpr int kSampleThreads = 512;
+
+// One block per row. Thread t takes the Philox blocks t, t + blockDim, ... (4 tokens each).
+template <class T>
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_kernel(const T* __restrict__ logits, int64_t vocab, int64_t row_stride, float inv_temperature, bool greedy,
+                  const int64_t* __restrict__ seeds, const int64_t* __restrict__ samples,
+                  const int64_t* __restrict__ positions, int64_t* __restrict__ tokens, float* __restrict__ log_probs) {
+  __shared__ DrawState shared[kSampleThreads / 32];
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * row_stride;
+  const uint64_t seed = static_cast<uint64_t>(seeds[row]);
+  const uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  const uint32_t c1 = static_cast<uint32_t>(positions[row]), c2 = static_cast<uint32_t>(samples[row]);
+  DrawState d;
+  const int64_t blocks = (vocab + 3) / 4;
+  for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+    Philox r{};
+    if (!greedy) r = philox4x32_10(static_cast<uint32_t>(b), c1, c2, 0u, k0, k1);
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const int64_t v = 4 * b + lane;
+      if (v >= vocab) break;
+      const float raw = to_f<T>(x[v]);
+      if (greedy) {
+        add_token(d, raw, raw, v);
+      } else {
+        const float z = __fmul_rn(raw, inv_temperature);  // rounded before the noise is added, as eager
+        const float u = (static_cast<float>(r.x[lane] >> 8) + 0.5f) * (1.0f / 16777216.0f);
+        const float g = -logf(-logf(u));
+        add_token(d, z, z + g, v);
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) merge(d, shfl_xor(d, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = d;
+  __syncthreads();
+  if (warp == 0) {
+    d = lane < static_cast<int>(blockDim.x / 32) ? shared[lane] : DrawState{};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) merge(d, shfl_xor(d, o));
+    if (lane == 0) {
+      // every score -inf (all logits -inf): token 0, as argmax over an all -inf row
+      const int64_t tok = d.token == INT64_MAX ? 0 : d.token;
+      tokens[row] = tok;
+      const float z_at = d.token == INT64_MAX ? -INFINITY : d.z_at;
+      log_probs[row] = z_at - (d.m + logf(d.s));
+    }
+  }
+}
+
+template <class F>
+int by_dtype(KernelDtype dtype, F&& f) {
+  switch (dtype) {
+    case KernelDtype::f32: return f(float{});
+    case KernelDtype::f16: return f(__half{});
+    case KernelDtype::bf16: return f(__nv_bfloat16{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace
+
+int launch_rms_norm(const void* x, const void* residual, void* residual_out, const void* weight, void* out,
+                    int64_t rows, int64_t dim, float eps, KernelDtype dtype, void* stream) {
+  if (rows == 0) return 0;
+  if ((residual == nullptr) != (residual_out == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm_kernel<T><<<static_cast<unsigned>(rows), dim >= 2048 ? 512 : 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<T*>(residual_out),
+        static_cast<const T*>(weight), static_cast<T*>(out), dim, eps);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_stride, int64_t k_stride,
+                int64_t v_stride, void* q_out, void* k_out, void* v_out, const void* cos, const void* sin,
+                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream) {
+  if (tokens == 0) return 0;
+  if (head_dim % 2 != 0 || (v_in == nullptr) != (v_out == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+  const auto pairs = (heads + kv_heads) * head_dim / 2;
+  const int threads = pairs >= 512 ? 512 : pairs >= 256 ? 256 : 128;
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rope_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
+        v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),
+        static_cast<const T*>(sin), static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim));
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* out, int64_t rows, int64_t cols,
+                    KernelDtype dtype, void* stream) {
+  const int64_t n = rows * cols;
+  if (n == 0) return 0;
+  const int threads = 256;
+  const int64_t want = (n + threads - 1) / threads;
+  const auto grid = static_cast<unsigned>(want < 65535 * 8 ? want : 65535 * 8);
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    silu_mul_kernel<T><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(gate), static_cast<const T*>(up), in_stride, static_cast<T*>(out), rows, cols);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride, float inv_temperature,
+                         bool greedy, const int64_t* seeds, const int64_t* samples, const int64_t* positions,
+                         int64_t* tokens, float* log_probs, KernelDtype dtype, void* stream) {
+  if (rows == 0) return 0;
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    sample_kernel<T><<<static_cast<unsigned>(rows), kSampleThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(logits), vocab, row_stride, inv_temperature, greedy, seeds, samples, positions, tokens,
+        log_probs);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+}  // namespace hybridrl::cuda

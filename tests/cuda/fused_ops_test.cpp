@@ -1,0 +1,328 @@
+// The fused inference kernels (cuda/fused.hpp, src/cuda/fused_ops.cu) against the eager ops they
+// replace: the rotary and SiLU·up bit for bit in every dtype, RMSNorm within one unit in the last
+// place of its dtype (another summation order), the sampler drawing the very tokens of the tensor
+// path (rollout/sampler.hpp) with its log-probs within float rounding; a whole model forward and a
+// Paged generation with the kernels on and off. Where they do not apply (CPU, autograd recording,
+// switched off) the functions return nothing and the modules run their eager ops.
+
+#include <hybridrl/cuda/fused.hpp>
+#include <hybridrl/model/causal_lm.hpp>
+#include <hybridrl/model/layers.hpp>
+#include <hybridrl/rollout/paged.hpp>
+#include <hybridrl/rollout/sampler.hpp>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../support/doctest.hpp"
+#include "../support/rollout.hpp"
+
+namespace hybridrl::testing {
+
+/// Runs `f` with the fused kernels switched `on` (restored after).
+template <class F>
+auto with_fused(bool on, F&& f) {
+  const bool was = fused::enabled();
+  fused::set_enabled(on);
+  struct Restore {
+    bool was;
+    ~Restore() { fused::set_enabled(was); }
+  } restore{was};
+  return f();
+}
+
+/// The largest difference of `a` and `b` in units of the last place of `dtype` at their magnitude
+/// (bf16: 8 bits of mantissa, fp16: 11, fp32: 24).
+inline double max_ulps(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
+  const double bits = dtype == at::kBFloat16 ? 8 : dtype == at::kHalf ? 11 : 24;
+  auto x = a.to(at::kDouble), y = b.to(at::kDouble);
+  auto ulp = at::pow(2.0, at::floor(at::log2(at::maximum(x.abs(), y.abs()).clamp_min(1e-30))) - (bits - 1));
+  return ((x - y).abs() / ulp).max().item<double>();
+}
+
+inline bool fused_cuda_here() {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (at::hasCUDA()) return true;
+  MESSAGE("no CUDA device: fused kernels not run");
+#else
+  MESSAGE("not linked with hybridrl::cuda: fused kernels not run");
+#endif
+  return false;
+}
+
+}  // namespace hybridrl::testing
+
+TEST_SUITE("cuda/fused") {
+  using namespace hybridrl;
+  using hybridrl::testing::max_ulps;
+  using hybridrl::testing::with_fused;
+
+  TEST_CASE("nothing fused where the kernels do not apply: the CPU, autograd recording, switched off") {
+    c10::NoGradGuard ng;
+    auto x = at::randn({3, 8});
+    CHECK_FALSE(fused::applies(x));
+    CHECK_FALSE(fused::rms_norm(x, at::ones({8}), 1e-6).defined());
+    CHECK_FALSE(fused::silu_mul(x, x).defined());
+    // the modules still compute (eagerly) on the CPU
+    RMSNorm norm(8, 1e-6);
+    auto want = x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6);
+    CHECK(at::allclose(norm(x), want, 1e-6, 1e-6));
+    auto [h, n] = norm->forward_add(x, x);
+    CHECK(at::equal(h, x + x));
+    CHECK(at::allclose(n, norm(x + x), 1e-6, 1e-6));
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    auto xc = x.cuda();
+    CHECK(fused::applies(xc));
+    with_fused(false, [&] { CHECK_FALSE(fused::applies(xc)); return 0; });
+    c10::AutoGradMode grad(true);
+    CHECK_FALSE(fused::applies(xc));  // autograd recording: the kernels have no backward
+  }
+
+  TEST_CASE("RMSNorm and the residual add + RMSNorm: within one unit in the last place of the eager ops") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    c10::NoGradGuard ng;
+    at::manual_seed(3);
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      for (int64_t dim : {64, 768, 2048, 100}) {
+        CAPTURE(dtype);
+        CAPTURE(dim);
+        RMSNorm norm(dim, 1e-5);
+        norm->weight.copy_(at::rand({dim}) + 0.5);
+        norm->to(at::kCUDA, dtype);
+        auto x = (at::randn({37, dim}) * 3).to(at::kCUDA, dtype);
+        auto r = at::randn({37, dim}).to(at::kCUDA, dtype);
+        const auto eager = with_fused(false, [&] { return norm(x); });
+        const auto got = norm(x);
+        CHECK(fused::rms_norm(x, norm->weight, 1e-5).defined());
+        // fp32 keeps every bit of the order-dependent sum (a few units apart); bf16/fp16 round it away
+        const double ulps = dtype == at::kFloat ? 8.0 : 1.0;
+        CHECK(max_ulps(got, eager, dtype) <= ulps);
+        if (dtype != at::kFloat) CHECK(got.eq(eager).to(at::kFloat).mean().item<double>() >= 0.98);
+        const auto [h_e, n_e] = with_fused(false, [&] { return norm->forward_add(x, r); });
+        const auto [h, n] = norm->forward_add(x, r);
+        CHECK(at::equal(h, h_e));  // the residual add rounds as the eager add
+        CHECK(max_ulps(n, n_e, dtype) <= ulps);
+        // and the fp32 formula by hand
+        auto hf = h.to(at::kDouble);
+        auto want = norm->weight.to(at::kDouble) * (hf * at::rsqrt(hf.pow(2).mean(-1, true) + 1e-5));
+        CHECK(max_ulps(n, want, dtype) <= ulps + 1.0);
+      }
+    }
+  }
+
+  TEST_CASE("rotary embeddings of q and k in place and SiLU(gate)·up: bit-identical to the eager ops") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    c10::NoGradGuard ng;
+    at::manual_seed(5);
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      CAPTURE(dtype);
+      const int64_t B = 2, T = 7, H = 8, Hkv = 2, D = 64;
+      auto inv = 1.0 / at::pow(10000.0, at::arange(0, D, 2).to(at::kFloat) / static_cast<double>(D));
+      auto pos = at::randint(0, 4000, {B, T}, at::kLong).cuda();
+      auto [cos, sin] = rope_cos_sin(inv.cuda(), pos, dtype);
+      auto q = at::randn({B, T, H, D}).to(at::kCUDA, dtype);
+      auto k = at::randn({B, T, Hkv, D}).to(at::kCUDA, dtype);
+      const auto q_e = apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2);
+      const auto k_e = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2);
+      CHECK(fused::rope_(q, k, cos, sin));
+      CHECK(at::equal(q, q_e));
+      CHECK(at::equal(k, k_e));
+      auto g = (at::randn({5, 300}) * 4).to(at::kCUDA, dtype);
+      auto u = at::randn({5, 300}).to(at::kCUDA, dtype);
+      CHECK(at::equal(fused::silu_mul(g, u), at::silu(g) * u));
+      // the fused projections' forms: one q|k|v row split, rotated and copied; one gate|up row
+      auto qkv = at::randn({B, T, (H + 2 * Hkv) * D}).to(at::kCUDA, dtype);
+      const auto [fq, fk, fv] = fused::qkv_rope(qkv, H, Hkv, D, cos, sin);
+      REQUIRE(fq.defined());
+      CHECK(fq.is_contiguous());
+      CHECK(at::equal(fq, apply_rope(qkv.narrow(2, 0, H * D).view({B, T, H, D}).transpose(1, 2), cos, sin).transpose(1, 2)));
+      CHECK(at::equal(fk, apply_rope(qkv.narrow(2, H * D, Hkv * D).reshape({B, T, Hkv, D}).transpose(1, 2), cos, sin)
+                              .transpose(1, 2)));
+      CHECK(at::equal(fv, qkv.narrow(2, (H + Hkv) * D, Hkv * D).reshape({B, T, Hkv, D})));
+      auto gu = at::cat({g, u}, -1);
+      CHECK(at::equal(fused::silu_mul_halves(gu), at::silu(g) * u));
+    }
+    // a transposed (non-contiguous) q is left to the eager ops
+    auto q = at::randn({2, 8, 7, 64}).cuda().transpose(1, 2);
+    auto k = at::randn({2, 7, 2, 64}).cuda();
+    auto cs = at::ones({2, 7, 64}).cuda();
+    CHECK_FALSE(fused::rope_(q, k, cs, cs));
+  }
+
+  TEST_CASE("the one-pass sampler draws the tensor path's tokens (T = 1, 0.7, greedy; fp32, bf16)") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    c10::NoGradGuard ng;
+    at::manual_seed(11);
+    const int64_t B = 96;
+    for (int64_t V : {1001, 32000}) {
+      for (auto dtype : {at::kFloat, at::kBFloat16}) {
+        for (double T : {1.0, 0.7, 0.0}) {
+          CAPTURE(V);
+          CAPTURE(dtype);
+          CAPTURE(T);
+          auto logits = (at::randn({B, V}) * 2).to(at::kCUDA, dtype);
+          SamplingRows rows;
+          rows.seeds = (at::randint(-(1LL << 62), 1LL << 62, {B}, at::kLong)).cuda();
+          rows.samples = at::randint(0, 8, {B}, at::kLong).cuda();
+          rows.positions = at::randint(0, 300, {B}, at::kLong).cuda();
+          SamplingOptions o;
+          o.temperature(T);
+          const auto want = with_fused(false, [&] { return sample_tokens(logits, o, rows); });
+          const auto [tok, lp] = fused::sample(logits, T, rows.seeds, rows.samples, rows.positions);
+          REQUIRE(tok.defined());
+          CHECK(at::equal(tok, want.tokens));
+          CHECK((lp - want.log_probs).abs().max().item<double>() <= 2e-5);
+          // sample_tokens takes the kernel for these options
+          const auto got = sample_tokens(logits, o, rows);
+          CHECK(at::equal(got.tokens, want.tokens));
+        }
+      }
+    }
+    // top-k / top-p / min-p and banned tokens stay on the tensor path: sample_tokens with top_p
+    // draws what it drew with the kernels off
+    auto logits = at::randn({8, 500}).cuda();
+    SamplingRows rows;
+    rows.seeds = at::arange(8, at::kLong).cuda();
+    rows.samples = at::zeros({8}, at::kLong).cuda();
+    rows.positions = at::zeros({8}, at::kLong).cuda();
+    SamplingOptions o;
+    o.top_p(0.5);
+    CHECK(at::equal(sample_tokens(logits, o, rows).tokens,
+                    with_fused(false, [&] { return sample_tokens(logits, o, rows); }).tokens));
+  }
+
+  TEST_CASE("a model forward and a Paged generation: the same with the kernels on and off") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    c10::NoGradGuard ng;
+    const auto c = hybridrl::testing::kernel_shaped_config();  // the generation replays CUDA graphs
+    at::manual_seed(1);
+    auto m = CausalLM(c);
+    m->to(at::kCUDA);
+    m->eval();
+    auto ids = at::randint(0, 320, {3, 40}, at::kLong).cuda();
+    const auto off = with_fused(false, [&] { return m->forward(ids); });
+    const auto on = m->forward(ids);
+    CHECK((on - off).abs().max().item<double>() <= 1e-5);
+    // one GEMM for q|k|v and for gate|up: the parameters keep names, shapes and values, the
+    // forward its result; a weight written into a parameter is what the fused GEMM reads
+    {
+      auto before = m->named_parameters();
+      std::vector<std::pair<std::string, at::Tensor>> copies;
+      for (const auto& p : before) copies.emplace_back(p.key(), p.value().clone());
+      m->model->fuse_projections();
+      auto after = m->named_parameters();
+      REQUIRE(after.size() == copies.size());
+      for (const auto& [name, value] : copies) CHECK(at::equal(after[name], value));
+      CHECK(after["model.layers.0.self_attn.k_proj.weight"].is_alias_of(after["model.layers.0.self_attn.q_proj.weight"]));
+      CHECK(after["model.layers.1.mlp.up_proj.weight"].is_alias_of(after["model.layers.1.mlp.gate_proj.weight"]));
+      const auto fused_out = m->forward(ids);
+      CHECK((fused_out - off).abs().max().item<double>() <= 1e-5);
+      auto w = after["model.layers.1.self_attn.v_proj.weight"];
+      const auto saved = w.clone();
+      w.mul_(0.5);
+      const auto halved = m->forward(ids);
+      const auto halved_eager = with_fused(false, [&] { return m->forward(ids); });
+      CHECK((halved - halved_eager).abs().max().item<double>() <= 1e-5);
+      CHECK((halved - fused_out).abs().max().item<double>() > 1e-3);  // the change reached the fused GEMM
+      w.copy_(saved);
+    }
+    // bf16: the norm's last place may differ, so the logits agree within bf16's noise
+    auto mb = CausalLM(c);
+    {
+      auto src = m->named_parameters();
+      for (auto& p : mb->named_parameters()) p.value().copy_(src[p.key()]);
+    }
+    mb->to(at::kCUDA, at::kBFloat16);
+    mb->eval();
+    mb->model->fuse_projections();
+    const auto off16 = with_fused(false, [&] { return mb->forward(ids).to(at::kFloat); });
+    const auto on16 = mb->forward(ids).to(at::kFloat);
+    CHECK((on16 - off16).abs().max().item<double>() <= 0.05 * off.abs().max().item<double>());
+    CHECK(on16.argmax(-1).eq(off16.argmax(-1)).to(at::kFloat).mean().item<double>() >= 0.95);
+    // fp32 generation: the same tokens either way (CUDA graphs, fused sampler)
+    const auto prompts = hybridrl::testing::prompt_batch({{5, 9, 33, 2, 71, 8}, {17, 3}, {100, 101, 102, 103, 104, 105, 106}});
+    const auto s = SamplingOptions{}.temperature(1.0).max_new_tokens(24).ignore_eos(true).seed(9);
+    auto gen = [&] {
+      PagedEngine e(m, PagedOptions{}.kv_cache_tokens(4096));
+      auto out = e.generate(prompts, s);
+      CHECK(e.stats().graph_steps >= 20);
+      return out.tensor(keys::responses);
+    };
+    const auto a = with_fused(false, gen);
+    const auto b = gen();
+    CHECK(at::equal(a, b));
+  }
+}
+
+TEST_SUITE("cuda/varlen") {
+  using namespace hybridrl;
+  using hybridrl::testing::with_fused;
+
+  TEST_CASE("padded and packed rows through the unpadded varlen trunk = the masked path (bf16; autocast gradients)") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    const auto c = hybridrl::testing::kernel_shaped_config();
+    at::manual_seed(4);
+    CausalLM m(c);
+    m->to(at::kCUDA);
+    const auto ids = at::randint(3, 320, {3, 20}, at::kLong).cuda();
+    auto mask = at::ones({3, 20}, at::kLong);
+    mask[1].narrow(0, 0, 5).zero_();   // left padding
+    mask[2].narrow(0, 13, 7).zero_();  // right padding
+    mask = mask.cuda();
+    const auto valid = mask.to(at::kBool);
+    auto args = ForwardArgs{}.attention_mask(mask);
+    // fp32 weights without autocast: the masked path
+    CHECK_FALSE(m->model->varlen_dtype(ids).has_value());
+    // bf16 under autocast (the training engines' mixed precision): the varlen path, forward and gradients
+    auto run = [&](bool on) {
+      return with_fused(on, [&] {
+        m->zero_grad();
+        hybridrl::detail::compat::AutocastGuard cast(at::kCUDA, at::kBFloat16);
+        if (on) CHECK(m->model->varlen_dtype(ids) == at::kBFloat16);
+        auto logits = m->forward(ids, args).to(at::kFloat);
+        auto lp = at::log_softmax(logits.narrow(1, 0, 19), -1).gather(-1, ids.narrow(1, 1, 19).unsqueeze(-1)).squeeze(-1);
+        auto keep = valid.narrow(1, 0, 19).logical_and(valid.narrow(1, 1, 19));
+        (lp * keep).sum().backward();
+        std::vector<at::Tensor> grads;
+        for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+        return std::make_pair(logits.detach(), grads);
+      });
+    };
+    const auto [l_var, g_var] = run(true);
+    const auto [l_mask, g_mask] = run(false);
+    const auto scale = l_mask.masked_select(valid.unsqueeze(-1)).abs().max().item<double>();
+    CHECK((l_var - l_mask).abs().masked_select(valid.unsqueeze(-1)).max().item<double>() <= 0.03 * scale);
+    CHECK(l_var.argmax(-1).eq(l_mask.argmax(-1)).masked_select(valid).to(at::kFloat).mean().item<double>() >= 0.95);
+    CHECK(l_var.masked_select(valid.logical_not().unsqueeze(-1)).abs().max().item<double>() == 0.0);  // padding: no work
+    for (size_t i = 0; i < g_var.size(); ++i) {
+      CAPTURE(i);
+      const auto d = (g_var[i] - g_mask[i]).norm().item<double>(), n = g_mask[i].norm().item<double>();
+      CHECK(d <= 0.05 * n + 1e-6);
+    }
+    // packed rows (Loader<Packed>'s cu_seqlens): two sequences in one row and a padded tail
+    auto mb = CausalLM(c);
+    {
+      auto src = m->named_parameters();
+      c10::NoGradGuard ng;
+      for (auto& p : mb->named_parameters()) p.value().copy_(src[p.key()]);
+    }
+    mb->to(at::kCUDA, at::kBFloat16);
+    c10::NoGradGuard ng;
+    const auto row = ids.narrow(0, 0, 1);
+    const auto packed = ForwardArgs{}.cu_seqlens(at::tensor(std::vector<int64_t>{0, 8, 15}, at::kLong).cuda());
+    CHECK(mb->model->varlen_dtype(row) == at::kBFloat16);
+    const auto got = mb->forward(row, packed).to(at::kFloat);
+    const auto want = with_fused(false, [&] { return mb->forward(row, packed).to(at::kFloat); });
+    // each sequence alone (no mask: plain causal attention): the same logits as its slice of the packed row
+    const auto first = mb->forward(row.narrow(1, 0, 8)).to(at::kFloat);
+    const auto s = want.abs().max().item<double>();
+    CHECK((got.narrow(1, 0, 15) - want.narrow(1, 0, 15)).abs().max().item<double>() <= 0.03 * s);
+    CHECK((got.narrow(1, 0, 8) - first).abs().max().item<double>() <= 0.03 * s);
+    CHECK(got.narrow(1, 15, 5).abs().max().item<double>() == 0.0);
+  }
+}
