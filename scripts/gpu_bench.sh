@@ -11,6 +11,8 @@
 #   grpo         a GRPO step (64 prompts x 8, prompt 128, gen 256): hybridrl, with the GPU's busy
 #                fraction (nvidia-smi utilization sampled every 100 ms over the steps after the first)
 #   grpo-peer    the same step with transformers generate() + torch (bench/peers/grpo_step_peer.py)
+#   profile      GPU time per kernel class and kernel (Kineto) of the update (160m, 1b) and of a
+#                GRPO step (160m, 1b); Chrome traces in $TRACES (default /tmp/hybridrl-traces)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-logs}
@@ -58,6 +60,12 @@ for s in "${sections[@]}"; do
         kill $smi
         busy "$OUT/grpo_$m.jsonl" "$OUT/util_$m.csv"
       done
+      ;;
+    profile)
+      TRACES=${TRACES:-/tmp/hybridrl-traces}
+      mkdir -p "$TRACES"
+      for m in 160m 1b; do "$B/bench_train" profile update "$m" "$TRACES/update_$m.json" 16; done
+      for m in 160m 1b; do "$B/bench_train" profile grpo "$m" "$TRACES/grpo_$m.json"; done
       ;;
     grpo-peer) python3 bench/peers/grpo_step_peer.py 160m 1b --steps 3 ;;
     *) echo "gpu_bench.sh: unknown section $s" >&2; exit 2 ;;

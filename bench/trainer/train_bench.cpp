@@ -10,18 +10,27 @@
 //                                        tokens (EOS ignored), one update per step: each step's
 //                                        phase times and per-phase peak memory (the first step
 //                                        captures the CUDA graphs: read the later ones)
+//   bench_train profile update|grpo 160m|1b TRACE.json [micro]
+//                                        the same under the Kineto profiler (the update's timed
+//                                        steps; the GRPO run's second step): GPU time per kernel
+//                                        class and per kernel, the busy fraction, a Chrome trace
 // The peers are bench/peers/update_peer.py and bench/peers/grpo_step_peer.py (transformers + torch,
 // same shapes), run in the same job by scripts/gpu_bench.sh; see docs/benchmarks.md.
 #include <hybridrl/hybridrl.hpp>
 #include <hybridrl/trainer/run.hpp>
 
+#include "../support/kernel_profile.hpp"
 #include "../support/llama_configs.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
+#include <execinfo.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -53,7 +62,8 @@ double peak_gb() {
   return hybridrl::detail::memory_use(device()).peak_gb;
 }
 
-int bench_update(const std::string& name, int64_t micro) {
+// `profile`: record the timed steps' kernels (bench/support/kernel_profile.hpp) and save the trace there
+int bench_update(const std::string& name, int64_t micro, const std::string& profile = {}) {
   const auto c = llama(name);
   at::manual_seed(0);
   CausalLM m(c);
@@ -87,7 +97,12 @@ int bench_update(const std::string& name, int64_t micro) {
   hybridrl::detail::compat::reset_cuda_peak(0);
   t_fb = t_opt = 0;
   constexpr int reps = 5;
+  if (!profile.empty()) bench::start_kernel_profile();
   for (int i = 0; i < reps; ++i) step();
+  if (!profile.empty()) {
+    bench::stop_kernel_profile(fmt::format("update {} micro {}", name, micro), reps, (t_fb + t_opt) * 1e3, 40,
+                               profile);
+  }
   const double dt = (t_fb + t_opt) / reps;
   const double tokens = static_cast<double>(B * T);
   std::printf("{\"bench\": \"update\", \"engine\": \"hybridrl FSDP (fp32 master, bf16 compute)\", \"model\": \"%s\", "
@@ -119,7 +134,8 @@ struct IdTokenizer {
   [[nodiscard]] int64_t pad_id() const { return 0; }
 };
 
-int bench_grpo(const std::string& name, int64_t steps) {
+// `profile`: record the second step's kernels (the first captures CUDA graphs) and save the trace there
+int bench_grpo(const std::string& name, int64_t steps, const std::string& profile = {}) {
   const auto c = llama(name);
   const bool tiny = name == "tiny";  // a CPU smoke test of the program
   const int64_t prompts = tiny ? 4 : 64, n = tiny ? 2 : 8, P = tiny ? 8 : 128, G = tiny ? 8 : 256;
@@ -157,6 +173,7 @@ int bench_grpo(const std::string& name, int64_t steps) {
     return static_cast<double>(even) / static_cast<double>(std::max<size_t>(r.response_ids.size(), 1));
   };
   FitParts parts;
+  std::chrono::steady_clock::time_point profile_start;
   parts.rollout_dtype = at::kBFloat16;
   parts.on_step = [&](int64_t step, const std::map<std::string, double>& m) {
     std::string s = fmt::format("{{\"bench\": \"grpo_step\", \"engine\": \"hybridrl GRPOTrainer\", \"model\": \"{}\", "
@@ -170,6 +187,16 @@ int bench_grpo(const std::string& name, int64_t steps) {
     }
     std::printf("%s}\n", s.c_str());
     std::fflush(stdout);
+    if (!profile.empty() && step == 1) {  // steps count from 1: record step 2
+      sync();
+      bench::start_kernel_profile();
+      profile_start = std::chrono::steady_clock::now();
+    } else if (!profile.empty() && step == 2) {
+      sync();
+      bench::stop_kernel_profile(fmt::format("grpo {} step 2", name), 1,
+                                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - profile_start).count(),
+                                 40, profile);
+    }
   };
   GRPOTrainer trainer(cfg.run());
   trainer.fit(policy, std::make_shared<const PromptDataset>(std::move(data)), batched(reward), parts);
@@ -177,17 +204,36 @@ int bench_grpo(const std::string& name, int64_t steps) {
   return 0;
 }
 
+// a crash prints where it happened (the executable links with -rdynamic) before dying of the signal
+void on_crash(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  constexpr char head[] = "bench_train: crashed; backtrace:\n";
+  [[maybe_unused]] auto w = write(STDERR_FILENO, head, sizeof(head) - 1);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGSEGV, on_crash);
+  std::signal(SIGABRT, on_crash);
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "update" && argc > 2) return bench_update(argv[2], argc > 3 ? std::stoll(argv[3]) : 16);
     if (mode == "grpo" && argc > 2) return bench_grpo(argv[2], argc > 3 ? std::stoll(argv[3]) : 3);
+    if (mode == "profile" && argc > 4 && std::string(argv[2]) == "update") {
+      return bench_update(argv[3], argc > 5 ? std::stoll(argv[5]) : 16, argv[4]);
+    }
+    if (mode == "profile" && argc > 4 && std::string(argv[2]) == "grpo") return bench_grpo(argv[3], 3, argv[4]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: bench_train update 160m|1b [micro] | grpo 160m|1b [steps]\n");
+  std::fprintf(stderr,
+               "usage: bench_train update 160m|1b [micro] | grpo 160m|1b [steps] | profile update 160m|1b TRACE.json [micro]"
+               " | profile grpo 160m|1b TRACE.json\n");
   return 2;
 }

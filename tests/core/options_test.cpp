@@ -258,7 +258,8 @@ inner:
     // and rollout_tensor_parallel_size are owned elsewhere
     CHECK(config_keys<BatchGeometry>() ==
           std::vector<std::string>{"ppo_mini_batch_size", "micro_batch_size_per_gpu", "sequence_parallel_size",
-                                   "ppo_epochs"});
+                                   "ppo_epochs", "adaptive_micro_batch", "micro_batch_memory_fraction",
+                                   "max_tokens_per_micro_batch"});
     // sampling: every field is a key (rollout.seed; a Trainer derives it from its run seed)
     CHECK(config_keys<SamplingOptions>() ==
           std::vector<std::string>{"temperature", "top_k", "top_p", "min_p", "max_new_tokens",

@@ -1,7 +1,8 @@
 // sharding/optimizer.hpp: the learning-rate schedules against values worked out by hand from their
 // formulas, clipping by global norm against hand arithmetic (torch.nn.utils.clip_grad_norm_'s
 // rule), AdamW steps against the update written out in double precision (PyTorch's decoupled
-// weight decay and bias corrections), the skip of a non-finite step, exact resume from the state.
+// weight decay and bias corrections), the skip of a non-finite step, exact resume from the state;
+// on CUDA the multi-tensor AdamW and norm against LibTorch's per-parameter ones.
 
 #include <hybridrl/sharding/optimizer.hpp>
 
@@ -148,6 +149,81 @@ TEST_SUITE("sharding/optimizer") {
     }
     CHECK(at::equal(b.detach(), a.detach()));
     CHECK(contains(error_of([&] { resumed.load_state_dict({}); }), "the state has no 'optimizer.step'"));
+  }
+
+  TEST_CASE("on CUDA: the multi-tensor AdamW and norm equal the per-parameter ones; resume and skip as on the CPU") {
+    if (!at::hasCUDA()) {
+      MESSAGE("no CUDA device: the fused AdamW is not run");
+      return;
+    }
+    at::manual_seed(3);
+    const auto cuda = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+    const std::vector<std::vector<int64_t>> shapes{{37}, {5, 3}, {4}, {2, 2, 2}};
+    std::vector<at::Tensor> init;
+    for (const auto& sh : shapes) init.push_back(at::randn(sh, cuda));
+    std::vector<std::vector<at::Tensor>> grads(5);  // parameter 2 never has a gradient
+    for (auto& g : grads) {
+      for (size_t i = 0; i < shapes.size(); ++i) g.push_back(i == 2 ? at::Tensor() : at::randn(shapes[i], cuda) * 3);
+    }
+    auto params_from = [&](const std::vector<at::Tensor>& v) {
+      std::vector<at::Tensor> out;
+      for (const auto& t : v) out.push_back(t.detach().clone().requires_grad_(true));
+      return out;
+    };
+    auto set = [](std::vector<at::Tensor>& ps, const std::vector<at::Tensor>& gs) {
+      for (size_t i = 0; i < ps.size(); ++i) ps[i].mutable_grad() = gs[i].defined() ? gs[i].clone() : at::Tensor();
+    };
+    // clipping engaged (norm ~ 3 * sqrt(58) >> 2), warm-up and cosine schedule, weight decay
+    const auto o = OptimizerOptions{}.lr(0.01).weight_decay(0.1).max_grad_norm(2.0).schedule(LRSchedule::cosine).warmup_steps(1);
+    auto a = params_from(init), b = params_from(init);
+    Optimizer fused(a, o, 8), plain(b, o, 8);
+    plain.set_fused(false);
+    std::map<std::string, at::Tensor> saved;
+    std::vector<at::Tensor> saved_params;
+    for (size_t t = 0; t < 4; ++t) {
+      if (t == 2) {
+        saved = fused.state_dict();
+        for (const auto& p : a) saved_params.push_back(p.detach().clone());
+      }
+      set(a, grads[t]);
+      set(b, grads[t]);
+      const auto ra = fused.step(), rb = plain.step();
+      CHECK(ra.grad_norm.item<double>() == doctest::Approx(rb.grad_norm.item<double>()).epsilon(1e-6));
+      for (size_t i = 0; i < a.size(); ++i) {
+        const double scale = b[i].detach().abs().max().item<double>();
+        CHECK((a[i].detach() - b[i].detach()).abs().max().item<double>() <= 1e-6 * scale);
+      }
+    }
+    CHECK(at::equal(a[2].detach(), init[2]));  // no gradient, never stepped
+    const auto sa = fused.state_dict(), sb = plain.state_dict();
+    CHECK(sa.size() == sb.size());
+    CHECK(sa.count("optimizer.2.exp_avg") == 0);
+    CHECK(sa.at("optimizer.0.step").item<int64_t>() == 4);
+    CHECK((sa.at("optimizer.1.exp_avg_sq") - sb.at("optimizer.1.exp_avg_sq")).abs().max().item<double>() <=
+          1e-6 * sb.at("optimizer.1.exp_avg_sq").abs().max().item<double>());
+    // resume from step 2 in a fresh fused optimizer: the same bits as the run that went on
+    auto c = params_from(saved_params);
+    Optimizer resumed(c, o, 8);
+    resumed.load_state_dict(saved);
+    for (size_t t = 2; t < 4; ++t) {
+      set(c, grads[t]);
+      resumed.step();
+    }
+    for (size_t i = 0; i < a.size(); ++i) CHECK(at::equal(c[i].detach(), a[i].detach()));
+    // a non-finite gradient skips the step: nothing moves, the step counts stay
+    const auto before = a[0].detach().clone();
+    auto bad = grads[4];
+    bad[1] = bad[1].clone();
+    bad[1].view(-1)[3].fill_(std::numeric_limits<float>::infinity());
+    set(a, bad);
+    CHECK(fused.step().skipped);
+    CHECK(at::equal(a[0].detach(), before));
+    CHECK(fused.state_dict().at("optimizer.0.step").item<int64_t>() == 4);
+    // square weights (a tensor-parallel model's replicated norms): the norm of the CPU arithmetic
+    auto x = at::full({4}, 3.0, cuda).requires_grad_(true), y = at::full({1}, 4.0, cuda).requires_grad_(true);
+    x.mutable_grad() = at::full({4}, 3.0, cuda);
+    y.mutable_grad() = at::full({1}, 4.0, cuda);
+    CHECK(clip_grad_norm({x, y}, 0.0, nullptr, {0.25, 1.0}).item<double>() == doctest::Approx(std::sqrt(9.0 + 16.0)));
   }
 
   TEST_CASE("bad options name the field and the fix") {

@@ -60,8 +60,17 @@ struct BatchGeometry {
   HYBRIDRL_ARG(int64_t, rollout_n) = 1;
   /// Prompts per optimizer step (mini-batch), over all ranks.
   HYBRIDRL_ARG(int64_t, ppo_mini_batch_size) = 1;
-  /// Sequences per forward/backward on one GPU.
+  /// Sequences per forward/backward on one GPU: always, when adaptive_micro_batch is off; else the
+  /// first pass's size, the sizer choosing the later ones (trainer/micro_batch.hpp).
   HYBRIDRL_ARG(int64_t, micro_batch_size_per_gpu) = 1;
+  /// Each scoring and update pass takes the largest micro-batch that fits: measured memory in a
+  /// one-process CUDA run, max_tokens_per_micro_batch where set (docs/training.md).
+  HYBRIDRL_ARG(bool, adaptive_micro_batch) = true;
+  /// The share of the available device memory a micro-batch's predicted peak may take.
+  HYBRIDRL_ARG(double, micro_batch_memory_fraction) = 0.8;
+  /// At most this many tokens (sequences × padded length) per micro-batch when adaptive; 0 = no
+  /// cap (verl's log_prob/ppo_max_token_len_per_gpu).
+  HYBRIDRL_ARG(int64_t, max_tokens_per_micro_batch) = 0;
   /// Ulysses sequence-parallel group size (ranks sharing one sequence); divides world_size.
   HYBRIDRL_ARG(int64_t, sequence_parallel_size) = 1;
   /// Passes over each step's batch (verl's ppo_epochs): a loop count of the fit loop.
@@ -76,7 +85,8 @@ struct BatchGeometry {
   /// owns it (sharding.tensor_parallel_size; the Trainer copies it here).
   HYBRIDRL_ARG(int64_t, model_parallel_size) = 1;
 
-  HYBRIDRL_FIELDS(ppo_mini_batch_size, micro_batch_size_per_gpu, sequence_parallel_size, ppo_epochs)
+  HYBRIDRL_FIELDS(ppo_mini_batch_size, micro_batch_size_per_gpu, sequence_parallel_size, ppo_epochs,
+                  adaptive_micro_batch, micro_batch_memory_fraction, max_tokens_per_micro_batch)
 
   /// Ranks that see different data during training.
   [[nodiscard]] int64_t data_parallel_size() const {
@@ -119,6 +129,12 @@ struct BatchGeometry {
       HYBRIDRL_CHECK(v >= 1, fmt::format("{} = {} is below 1", name, v),
                      "set every batch count to 1 or more");
     }
+    HYBRIDRL_CHECK(micro_batch_memory_fraction_ > 0.0 && micro_batch_memory_fraction_ <= 1.0,
+                   fmt::format("micro_batch_memory_fraction = {} is outside (0, 1]", micro_batch_memory_fraction_),
+                   "use a fraction such as 0.8");
+    HYBRIDRL_CHECK(max_tokens_per_micro_batch_ >= 0,
+                   fmt::format("max_tokens_per_micro_batch = {} is negative", max_tokens_per_micro_batch_),
+                   "use 0 (no cap) or a token count such as 16384");
     switch (check_geometry(t, n, w, m, u, sp, tp)) {
       case GeometryRule::ok:
         return;

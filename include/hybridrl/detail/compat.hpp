@@ -14,6 +14,8 @@
 ///   became per-device-type in LibTorch 2.4.
 /// - HYBRIDRL_HAS_VARLEN_FLASH / compat::varlen_flash_attention: FlashAttention-2's packed varlen
 ///   forward (at::_flash_attention_forward with cum_seq_q/k and a sliding window; LibTorch >= 2.6).
+/// - HYBRIDRL_HAS_FUSED_ADAMW / compat::fused_adamw: the multi-tensor AdamW kernel and foreach ops
+///   with tensor scalars (LibTorch >= 2.1), used on CUDA.
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -200,6 +202,32 @@ inline at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& 
   auto res = at::_flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, /*dropout_p=*/0.0, /*is_causal=*/true,
                                           /*return_debug_mask=*/false, scale, left, right);
   return std::get<0>(res);
+}
+#endif
+
+}  // namespace hybridrl::detail::compat
+
+// ---- multi-tensor AdamW and foreach ops ----------------------------------------------------------
+// at::_fused_adamw_ (one multi-tensor kernel for a list of parameters: torch.optim.AdamW(fused=True))
+// and _foreach_mul_ by a 0-d tensor exist from LibTorch 2.1; sharding/optimizer.hpp uses them on CUDA.
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 1)
+#define HYBRIDRL_HAS_FUSED_ADAMW 1
+#else
+#define HYBRIDRL_HAS_FUSED_ADAMW 0
+#endif
+
+namespace hybridrl::detail::compat {
+
+#if HYBRIDRL_HAS_FUSED_ADAMW
+/// One AdamW step (decoupled weight decay, bias-corrected, no amsgrad) of `params` from `grads`,
+/// updating `exp_avgs`/`exp_avg_sqs` in place: every tensor on one CUDA device, params, grads and
+/// moments of one dtype, `steps` the 0-d float32 step counts on that device, already incremented
+/// for this step (torch.optim's fused path).
+inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                        double weight_decay, double eps) {
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
+                    eps, /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
 }
 #endif
 

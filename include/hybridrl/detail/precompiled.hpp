@@ -23,6 +23,7 @@
 #include "hybridrl/trainer/scoring.hpp"
 #include "hybridrl/trainer/run_log.hpp"
 #include "hybridrl/trainer/checkpoint.hpp"
+#include "hybridrl/trainer/micro_batch.hpp"
 #include "hybridrl/trainer/trainer.hpp"
 #include "hybridrl/trainer/rewards.hpp"
 #include "hybridrl/trainer/tasks.hpp"

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// The optimizer every Sharding engine steps with: AdamW (LibTorch's, decoupled weight decay) under
+/// The optimizer every Sharding engine steps with: AdamW (LibTorch's, decoupled weight decay; on
+/// CUDA with LibTorch 2.x the multi-tensor fused kernel, torch.optim.AdamW(fused=True)) under
 /// a learning-rate schedule with warm-up (constant, linear or cosine, as transformers'
 /// get_*_schedule_with_warmup and verl's), gradient clipping by global norm, and a step that is
 /// skipped, not taken, when the gradients are not finite. Its state (AdamW moments and step
@@ -13,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -119,14 +121,31 @@ inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double m
   for (const auto& g : grads) {
     if (g.scalar_type() == at::kDouble) acc = at::kDouble;
   }
-  std::vector<at::Tensor> squares;
-  squares.reserve(grads.size());
-  for (size_t i = 0; i < grads.size(); ++i) {
-    auto sq = grads[i].to(acc).pow(2).sum();
-    squares.push_back(weights[i] == 1.0 ? sq : sq * weights[i]);
+  at::Tensor sq;
+#if HYBRIDRL_HAS_FUSED_ADAMW
+  // on CUDA with float32 gradients: one multi-tensor norm kernel instead of three ops per tensor
+  const bool foreach = !grads.empty() && std::all_of(grads.begin(), grads.end(), [&](const at::Tensor& g) {
+    return g.is_cuda() && g.scalar_type() == at::kFloat && g.device() == grads.front().device();
+  });
+  if (foreach) {
+    auto norms = at::stack(at::_foreach_norm(grads, 2));
+    auto squares = norms * norms;
+    if (std::any_of(weights.begin(), weights.end(), [](double w) { return w != 1.0; })) {
+      squares = squares * at::tensor(weights, at::kDouble).to(squares.device(), at::kFloat, /*non_blocking=*/true);
+    }
+    sq = squares.sum();
   }
-  auto sq = squares.empty() ? at::zeros({}, params.empty() ? at::TensorOptions(acc) : params.front().options().dtype(acc))
-                            : at::stack(squares).sum();
+#endif
+  if (!sq.defined()) {
+    std::vector<at::Tensor> squares;
+    squares.reserve(grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      auto s = grads[i].to(acc).pow(2).sum();
+      squares.push_back(weights[i] == 1.0 ? s : s * weights[i]);
+    }
+    sq = squares.empty() ? at::zeros({}, params.empty() ? at::TensorOptions(acc) : params.front().options().dtype(acc))
+                         : at::stack(squares).sum();
+  }
   if (global) {  // on `collective_device` when given (NCCL wants CUDA tensors; offloaded gradients are on the CPU)
     auto all = collective_device ? sq.reshape({1}).to(*collective_device) : sq.reshape({1});
     group->all_reduce(all, ReduceOp::sum);
@@ -137,6 +156,12 @@ inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double m
     // finite: min(1, max / (norm + 1e-6)); not finite: 1 (the step is skipped anyway)
     auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
     coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
+#if HYBRIDRL_HAS_FUSED_ADAMW
+    if (foreach) {
+      at::_foreach_mul_(grads, coef);
+      return norm;
+    }
+#endif
     for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
   }
   return norm;
@@ -179,8 +204,10 @@ class Optimizer {
     r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_, square_weights_, collective_device_);
     r.skipped = !r.grad_norm.isfinite().item<bool>();
     if (!r.skipped) {
-      for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
-      adam_->step();
+      if (!fused_step(r.lr)) {
+        for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
+        adam_->step();
+      }
     } else {
       ++skipped_;
     }
@@ -204,6 +231,12 @@ class Optimizer {
     square_weights_ = std::move(square_weights);
     collective_device_ = collective_device;
   }
+
+  /// Whether AdamW may run as one multi-tensor kernel per device and dtype (at::_fused_adamw_,
+  /// torch.optim.AdamW(fused=True)) where it applies: LibTorch >= 2.1, parameters and gradients on
+  /// CUDA, contiguous, of one dtype. On by default; the result equals LibTorch's per-parameter AdamW
+  /// to rounding (the same formula; the state keeps its layout, so state_dict is the same either way).
+  void set_fused(bool on) noexcept { fused_ = on; }
 
   /// Optimizer steps taken (skipped ones included).
   [[nodiscard]] int64_t steps() const noexcept { return step_; }
@@ -266,6 +299,70 @@ class Optimizer {
   }
 
  private:
+  /// AdamW through compat::fused_adamw when it applies (see set_fused): false, having done
+  /// nothing, when it does not. The AdamW state lives in adam_'s map as LibTorch's step creates it;
+  /// the float32 step counts the kernel reads stay on the device beside a host copy of what they
+  /// hold, refreshed from the state when the two disagree (a loaded state), so no step synchronises.
+  bool fused_step([[maybe_unused]] double lr) {
+#if HYBRIDRL_HAS_FUSED_ADAMW
+    if (!fused_) return false;
+    std::vector<size_t> live;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i];
+      const auto& g = p.grad();
+      if (!g.defined()) continue;
+      if (!p.is_cuda() || g.is_sparse() || g.scalar_type() != p.scalar_type() || !p.is_contiguous() ||
+          !g.is_contiguous() || !at::isFloatingType(p.scalar_type())) {
+        return false;
+      }
+      live.push_back(i);
+    }
+    if (live.empty()) return true;  // nothing has a gradient: LibTorch's step would do nothing too
+    auto& state = adam_->state();
+    using Map = std::decay_t<decltype(state)>;
+    device_steps_.resize(params_.size());
+    device_step_values_.resize(params_.size(), -1);
+    struct Lists {
+      std::vector<at::Tensor> p, g, m, v, s;
+    };
+    std::map<std::pair<std::string, at::ScalarType>, Lists> groups;  // one kernel per device and dtype
+    for (auto i : live) {
+      const auto& p = params_[i];
+      const auto key = detail::compat::optimizer_state_key<Map>(p);
+      auto it = state.find(key);
+      if (it == state.end()) {  // first step: the state LibTorch's AdamW creates
+        auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+        fresh->step(0);
+        fresh->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+        fresh->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+        state[key] = std::move(fresh);
+        it = state.find(key);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      if (!device_steps_[i].defined() || device_step_values_[i] != st.step() || device_steps_[i].device() != p.device()) {
+        device_steps_[i] = at::full({}, static_cast<double>(st.step()), p.options().dtype(at::kFloat));
+      }
+      st.step(st.step() + 1);  // the kernel reads the incremented count (added on the device below)
+      device_step_values_[i] = st.step();
+      auto& l = groups[{p.device().str(), p.scalar_type()}];
+      l.p.push_back(p);
+      l.g.push_back(p.grad());
+      l.m.push_back(st.exp_avg());
+      l.v.push_back(st.exp_avg_sq());
+      l.s.push_back(device_steps_[i]);
+    }
+    c10::NoGradGuard no_grad;
+    for (auto& [where, l] : groups) {
+      at::_foreach_add_(l.s, 1.0);
+      detail::compat::fused_adamw(l.p, l.g, l.m, l.v, l.s, lr, options_.beta1(), options_.beta2(),
+                                  options_.weight_decay(), options_.eps());
+    }
+    return true;
+#else
+    return false;
+#endif
+  }
+
   std::vector<at::Tensor> params_;
   OptimizerOptions options_;
   int64_t total_steps_;
@@ -274,6 +371,9 @@ class Optimizer {
   std::vector<double> square_weights_;
   std::optional<at::Device> collective_device_;
   int64_t step_ = 0, skipped_ = 0;
+  bool fused_ = true;
+  std::vector<at::Tensor> device_steps_;     // fused path: float32 step count per parameter, on its device
+  std::vector<int64_t> device_step_values_;  // what each of them holds (-1: nothing yet)
 };
 
 }  // namespace hybridrl

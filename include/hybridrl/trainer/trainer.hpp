@@ -48,6 +48,7 @@
 #include "hybridrl/rollout/generation.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
 #include "hybridrl/trainer/checkpoint.hpp"
+#include "hybridrl/trainer/micro_batch.hpp"
 #include "hybridrl/trainer/options.hpp"
 #include "hybridrl/trainer/placement.hpp"
 #include "hybridrl/trainer/rules.hpp"
@@ -735,11 +736,49 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   std::vector<Key> advantage_reads;
   if constexpr (has_rollout) advantage_reads = algorithm_type::advantage_reads(o.algorithm());
   LogProbOptions lp;
+  // micro-batch sizes: the largest that fits (trainer/micro_batch.hpp); measured from memory in a
+  // one-process CUDA run, where each pass's first micro-batch is measured (the high-water mark
+  // above its start; the phase's own peak carried past the reset in `probe_peak`)
+  MicroBatchSizer sizer(micro_batch_options(g), g.micro_batch_size_per_gpu(),
+                        device.is_cuda() && !pl.world && g.world_size() == 1);
+  const int cuda_index = device.index() < 0 ? 0 : device.index();
+  int64_t probe_peak = 0;
+  std::map<std::string, double> micro_sizes;  // the step's chosen sizes (geometry/micro_batch_<pass>)
+  // the micro-batches of `rows` for `pass`; `measure(i, work)` runs micro-batch i's work, measured when it is the first
+  auto micro_batches = [&](const TensorBatch& rows, MicroPass pass) {
+    std::optional<int64_t> available;
+    if (sizer.measures()) {
+      const auto mem = detail::compat::cuda_memory(cuda_index);
+      if (const auto free = available_memory(device)) available = *free + (mem.reserved - mem.allocated);
+    }
+    const int64_t row_tokens = rows.has_tensor(keys::input_ids.str()) ? rows.tensor(keys::input_ids).size(1) : 1;
+    const auto n = sizer.choose(pass, rows.size(), row_tokens, available);
+    auto& seen = micro_sizes[pass == MicroPass::update ? "geometry/micro_batch_update" : "geometry/micro_batch_scoring"];
+    seen = std::max(seen, static_cast<double>(n));
+    return rows.split(n);
+  };
+  auto measured = [&](MicroPass pass, size_t index, const TensorBatch& micro, const auto& work) {
+    if (index != 0 || !sizer.measures()) return work();
+    const auto before = detail::compat::cuda_memory(cuda_index);
+    probe_peak = std::max(probe_peak, before.peak_allocated);
+    detail::compat::reset_cuda_peak(cuda_index);
+    const auto start = detail::compat::cuda_memory(cuda_index).allocated;
+    auto out = work();
+    const auto after = detail::compat::cuda_memory(cuda_index);
+    probe_peak = std::max(probe_peak, after.peak_allocated);
+    const int64_t row_tokens = micro.has_tensor(keys::input_ids.str()) ? micro.tensor(keys::input_ids).size(1) : 1;
+    sizer.observe(pass, static_cast<int64_t>(micro.size()) * row_tokens, after.peak_allocated - start);
+    return out;
+  };
   const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
   auto score_reference = [&](const TensorBatch& rows) {  // by micro-batches (a sharded reference: collective)
     std::map<std::string, std::vector<at::Tensor>> got;
-    for (const auto& micro : rows.split(g.micro_batch_size_per_gpu())) {
-      for (auto& [k, v] : score_micro(micro, ref_keys, detail::frozen_forward(*reference, lp))) got[k].push_back(v);
+    const auto micros = micro_batches(rows, MicroPass::scoring);
+    for (size_t i = 0; i < micros.size(); ++i) {
+      auto scored = measured(MicroPass::scoring, i, micros[i], [&] {
+        return score_micro(micros[i], ref_keys, detail::frozen_forward(*reference, lp));
+      });
+      for (auto& [k, v] : scored) got[k].push_back(v);
     }
     TensorBatch out;
     for (auto& [k, v] : got) out.set(k, at::cat(v));
@@ -996,11 +1035,15 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     // CUDA: the peak of allocated memory in each phase (memory/peak_<phase>_gb), each phase's
     // high-water mark started afresh; the step's peak is the largest
     double step_peak = 0;
-    const int cuda_index = device.index() < 0 ? 0 : device.index();
+    micro_sizes.clear();
+    probe_peak = 0;
     if (device.is_cuda()) detail::compat::reset_cuda_peak(cuda_index);
     auto phase_peak = [&](const char* phase) {
       if (!device.is_cuda()) return;
-      const auto peak = detail::memory_use(device).peak_gb;
+      // the phase's high-water mark: the allocator's since the last reset, and what a measured
+      // micro-batch's reset carried over
+      const auto peak = std::max(detail::memory_use(device).peak_gb, static_cast<double>(probe_peak) / (1024.0 * 1024.0 * 1024.0));
+      probe_peak = 0;
       m[fmt::format("memory/peak_{}_gb", phase)] = peak;
       step_peak = std::max(step_peak, peak);
       detail::compat::reset_cuda_peak(cuda_index);
@@ -1106,8 +1149,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         {
           c10::NoGradGuard ng;
           std::vector<at::Tensor> lps, ents;
-          for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
-            auto scored = engine.forward(detail::part_of(micro, ""));
+          const auto micros = micro_batches(batch, MicroPass::scoring);
+          for (size_t i = 0; i < micros.size(); ++i) {
+            auto scored = measured(MicroPass::scoring, i, micros[i],
+                                   [&] { return engine.forward(detail::part_of(micros[i], "")); });
             lps.push_back(scored.tensor(keys::log_probs).to(at::kFloat));
             if (scored.has_tensor(keys::entropy.str())) ents.push_back(scored.tensor(keys::entropy).to(at::kFloat));
           }
@@ -1130,8 +1175,11 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           const auto v0 = clock::now();
           c10::NoGradGuard ng;
           std::vector<at::Tensor> vs;
-          for (const auto& micro : batch.split(g.micro_batch_size_per_gpu())) {
-            vs.push_back(critic->forward(detail::part_of(micro, "")).tensor(keys::values).to(at::kFloat));
+          const auto micros = micro_batches(batch, MicroPass::scoring);
+          for (size_t i = 0; i < micros.size(); ++i) {
+            auto scored = measured(MicroPass::scoring, i, micros[i],
+                                   [&] { return critic->forward(detail::part_of(micros[i], "")); });
+            vs.push_back(scored.tensor(keys::values).to(at::kFloat));
           }
           batch.set(keys::old_values, at::cat(vs));
           m["time/values"] = std::chrono::duration<double>(clock::now() - v0).count();
@@ -1184,11 +1232,16 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         if constexpr (has_critic) {  // the critic's update on this mini-batch (clipped value loss)
           MetricAggregator agg;
           auto critic_forward = [&critic](const TensorBatch& rows) { return critic->forward(rows); };
-          for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
-            for (auto& [k, x] : score_micro(micro, value_keys, critic_forward)) micro.set(k, x);
-            micro.require(value_reads, "the algorithm's value_loss");
-            auto out = algorithm_type::value_loss(micro, o.algorithm(), state, counts);
-            critic->backward(out.loss);
+          auto micros = micro_batches(mini, MicroPass::update);
+          for (size_t i = 0; i < micros.size(); ++i) {
+            auto& micro = micros[i];
+            auto out = measured(MicroPass::update, i, micro, [&] {
+              for (auto& [k, x] : score_micro(micro, value_keys, critic_forward)) micro.set(k, x);
+              micro.require(value_reads, "the algorithm's value_loss");
+              auto loss = algorithm_type::value_loss(micro, o.algorithm(), state, counts);
+              critic->backward(loss.loss);
+              return loss;
+            });
             agg.add(out);
           }
           critic_grad_sum += critic->step().template item<double>();
@@ -1200,8 +1253,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         {  // keys the algorithm's prepare hook reads (KTO's z0): the policy without grad
           c10::NoGradGuard ng;
           std::map<std::string, std::vector<at::Tensor>> v;
-          for (const auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
-            for (auto& [k, x] : score_micro(micro, prepare_keys, engine_forward)) v[k].push_back(x);
+          if (!prepare_keys.empty()) {
+            const auto micros = micro_batches(mini, MicroPass::scoring);
+            for (size_t i = 0; i < micros.size(); ++i) {
+              auto scored = measured(MicroPass::scoring, i, micros[i],
+                                     [&] { return score_micro(micros[i], prepare_keys, engine_forward); });
+              for (auto& [k, x] : scored) v[k].push_back(x);
+            }
           }
           for (auto& [k, x] : v) mini.set(k, at::cat(x).to(at::kFloat));
         }
@@ -1209,11 +1267,16 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, dp_comm.get());
         at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         MetricAggregator agg;
-        for (auto& micro : mini.split(g.micro_batch_size_per_gpu())) {
-          for (auto& [k, x] : score_micro(micro, loss_keys, engine_forward)) micro.set(k, x);
-          micro.require(reads, "the algorithm's loss");
-          auto out = algorithm_type::loss(micro, o.algorithm(), state, counts);
-          engine.backward(out.loss);
+        auto micros = micro_batches(mini, MicroPass::update);
+        for (size_t i = 0; i < micros.size(); ++i) {
+          auto& micro = micros[i];
+          auto out = measured(MicroPass::update, i, micro, [&] {
+            for (auto& [k, x] : score_micro(micro, loss_keys, engine_forward)) micro.set(k, x);
+            micro.require(reads, "the algorithm's loss");
+            auto loss = algorithm_type::loss(micro, o.algorithm(), state, counts);
+            engine.backward(loss.loss);
+            return loss;
+          });
           mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
           agg.add(out);
         }
@@ -1262,6 +1325,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     const auto mem = detail::memory_use(device);
     m["memory/allocated_gb"] = mem.allocated_gb;
     m["memory/reserved_gb"] = mem.reserved_gb;
+    for (const auto& [k, v] : micro_sizes) m[k] = v;
     m["memory/peak_gb"] = device.is_cuda() ? std::max(step_peak, mem.peak_gb) : mem.peak_gb;
     if constexpr (requires { engine.local_parameter_elements(); }) {
       // what a rank stores of the policy (its parameters, gradients and AdamW moments are each
