@@ -9,7 +9,8 @@
 #   rollout-peer transformers generate() (static cache, compiled), B = 256 (~3 min)
 #   update       the policy update (16 x 1024 tokens, AdamW): hybridrl and transformers eager, MFU
 #   grpo         a GRPO step (64 prompts x 8, prompt 128, gen 256): hybridrl, with the GPU's busy
-#                fraction (nvidia-smi utilization sampled every 100 ms over the steps after the first)
+#                fraction (nvidia-smi utilization sampled every 100 ms over the steps after the first);
+#                then with the micro-batch sizer off (32 sequences per micro-batch)
 #   grpo-peer    the same step with transformers generate() + torch (bench/peers/grpo_step_peer.py)
 #   profile      GPU time per kernel class and kernel (Kineto) of the update (160m, 1b) and of a
 #                GRPO step (160m, 1b); Chrome traces in $TRACES (default /tmp/hybridrl-traces)
@@ -59,6 +60,7 @@ for s in "${sections[@]}"; do
         "$B/bench_train" grpo "$m" 4 | tee "$OUT/grpo_$m.jsonl"
         kill $smi
         busy "$OUT/grpo_$m.jsonl" "$OUT/util_$m.csv"
+        "$B/bench_train" grpo "$m" 3 32 | grep '"grpo_step"' | sed 's/"engine": "hybridrl GRPOTrainer"/"engine": "hybridrl GRPOTrainer, fixed micro 32"/'
       done
       ;;
     profile)

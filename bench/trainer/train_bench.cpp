@@ -5,11 +5,14 @@
 //                                        compute), `micro` sequences per micro-batch (default 16);
 //                                        tokens/s and MFU (6 · params · tokens / time / 989 TFLOP/s,
 //                                        the peer's formula), peak memory. 3 warm-up steps, 5 timed.
-//   bench_train grpo 160m|1b [steps]     GRPOTrainer (Rollout<Paged>, Sharding<FSDP>) steps of 64
+//   bench_train grpo 160m|1b [steps [fixed_micro]]
+//                                        GRPOTrainer (Rollout<Paged>, Sharding<FSDP>) steps of 64
 //                                        prompts × 8 samples, prompt 128 random tokens, 256 new
 //                                        tokens (EOS ignored), one update per step: each step's
-//                                        phase times and per-phase peak memory (the first step
-//                                        captures the CUDA graphs: read the later ones)
+//                                        phase times, per-phase peak memory and the micro-batch
+//                                        sizes the sizer chose (the first step captures the CUDA
+//                                        graphs and measures memory: read the later ones);
+//                                        `fixed_micro` > 0 turns the sizer off for that size
 //   bench_train profile update|grpo 160m|1b TRACE.json [micro]
 //                                        the same under the Kineto profiler (the update's timed
 //                                        steps; the GRPO run's second step): GPU time per kernel
@@ -135,7 +138,8 @@ struct IdTokenizer {
 };
 
 // `profile`: record the second step's kernels (the first captures CUDA graphs) and save the trace there
-int bench_grpo(const std::string& name, int64_t steps, const std::string& profile = {}) {
+// `fixed_micro` > 0: that micro-batch size always (geometry.adaptive_micro_batch=false); 0: the sizer's
+int bench_grpo(const std::string& name, int64_t steps, const std::string& profile = {}, int64_t fixed_micro = 0) {
   const auto c = llama(name);
   const bool tiny = name == "tiny";  // a CPU smoke test of the program
   const int64_t prompts = tiny ? 4 : 64, n = tiny ? 2 : 8, P = tiny ? 8 : 128, G = tiny ? 8 : 256;
@@ -145,7 +149,8 @@ int bench_grpo(const std::string& name, int64_t steps, const std::string& profil
       "model.init=tiny", "task.name=reverse", fmt::format("data.train_batch_size={}", prompts), fmt::format("rollout.n={}", n),
       fmt::format("rollout.max_new_tokens={}", G), "rollout.ignore_eos=true", "rollout.temperature=1.0",
       fmt::format("rollout.max_num_seqs={}", prompts * n), "rollout.max_num_batched_tokens=16384",
-      fmt::format("geometry.ppo_mini_batch_size={}", prompts), tiny ? "geometry.micro_batch_size_per_gpu=4" : "geometry.micro_batch_size_per_gpu=32",
+      fmt::format("geometry.ppo_mini_batch_size={}", prompts), fmt::format("geometry.micro_batch_size_per_gpu={}", fixed_micro > 0 ? fixed_micro : (tiny ? 4 : 32)),
+      fmt::format("geometry.adaptive_micro_batch={}", fixed_micro > 0 ? "false" : "true"),
       fmt::format("trainer.total_steps={}", steps), fmt::format("trainer.output_dir={}", dir.string()),
       "trainer.save_model=false", "trainer.tensorboard=false", "optim.lr=1e-6", "loader.epochs=0"};
   ConfigSources src;
@@ -181,7 +186,8 @@ int bench_grpo(const std::string& name, int64_t steps, const std::string& profil
                                 name, params, prompts, n, step,
                                 std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
     for (const auto& [k, v] : m) {
-      if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("rollout/", 0) == 0 || k == "tokens_per_s") {
+      if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("rollout/", 0) == 0 ||
+          k.rfind("geometry/", 0) == 0 || k == "tokens_per_s") {
         s += fmt::format(", \"{}\": {:.5g}", k, v);
       }
     }
@@ -223,7 +229,9 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "update" && argc > 2) return bench_update(argv[2], argc > 3 ? std::stoll(argv[3]) : 16);
-    if (mode == "grpo" && argc > 2) return bench_grpo(argv[2], argc > 3 ? std::stoll(argv[3]) : 3);
+    if (mode == "grpo" && argc > 2) {
+      return bench_grpo(argv[2], argc > 3 ? std::stoll(argv[3]) : 3, {}, argc > 4 ? std::stoll(argv[4]) : 0);
+    }
     if (mode == "profile" && argc > 4 && std::string(argv[2]) == "update") {
       return bench_update(argv[3], argc > 5 ? std::stoll(argv[5]) : 16, argv[4]);
     }
@@ -233,7 +241,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(stderr,
-               "usage: bench_train update 160m|1b [micro] | grpo 160m|1b [steps] | profile update 160m|1b TRACE.json [micro]"
+               "usage: bench_train update 160m|1b [micro] | grpo 160m|1b [steps [fixed_micro]] | profile update 160m|1b TRACE.json [micro]"
                " | profile grpo 160m|1b TRACE.json\n");
   return 2;
 }
