@@ -13,6 +13,7 @@
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -770,6 +771,23 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     sizer.observe(pass, static_cast<int64_t>(micro.size()) * row_tokens, after.peak_allocated - start);
     return out;
   };
+  // one gradient-accumulation pass over a mini-batch's micro-batches: score `keys` with `forward`,
+  // check the loss's `needs`, the loss, its backward; `each` takes every micro-batch's LossOutput
+  auto accumulate = [&](const TensorBatch& mini, const std::vector<ScoredKey>& keys, const auto& forward,
+                        const std::vector<Key>& needs, const char* what, const auto& loss_of, const auto& backward,
+                        const auto& each) {
+    auto micros = micro_batches(mini, MicroPass::update);
+    for (size_t i = 0; i < micros.size(); ++i) {
+      auto& micro = micros[i];
+      each(measured(MicroPass::update, i, micro, [&] {
+        for (auto& [k, x] : score_micro(micro, keys, forward)) micro.set(k, x);
+        micro.require(needs, what);
+        auto out = loss_of(micro);
+        backward(out.loss);
+        return out;
+      }));
+    }
+  };
   const auto ref_keys = scored_keys(KeySource::reference, {reads, prepares, advantage_reads});
   auto score_reference = [&](const TensorBatch& rows) {  // by micro-batches (a sharded reference: collective)
     std::map<std::string, std::vector<at::Tensor>> got;
@@ -1140,6 +1158,8 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       const auto got = placed_reference ? exchange(detail::PlacedOp::reference, batch, pl.reference, score_reference, false)
                                         : score_reference(batch);
       for (const auto& [k, v] : got.tensors()) batch.set(k, v);
+      // its kernels in its own time, not the next pass's (one micro-batch launches in milliseconds)
+      if (device.is_cuda()) torch::cuda::synchronize(device.index());
       t_ref = std::chrono::duration<double>(clock::now() - r0).count();
     }
     if constexpr (has_rollout) {
@@ -1232,18 +1252,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         if constexpr (has_critic) {  // the critic's update on this mini-batch (clipped value loss)
           MetricAggregator agg;
           auto critic_forward = [&critic](const TensorBatch& rows) { return critic->forward(rows); };
-          auto micros = micro_batches(mini, MicroPass::update);
-          for (size_t i = 0; i < micros.size(); ++i) {
-            auto& micro = micros[i];
-            auto out = measured(MicroPass::update, i, micro, [&] {
-              for (auto& [k, x] : score_micro(micro, value_keys, critic_forward)) micro.set(k, x);
-              micro.require(value_reads, "the algorithm's value_loss");
-              auto loss = algorithm_type::value_loss(micro, o.algorithm(), state, counts);
-              critic->backward(loss.loss);
-              return loss;
-            });
-            agg.add(out);
-          }
+          accumulate(
+              mini, value_keys, critic_forward, value_reads, "the algorithm's value_loss",
+              [&](const TensorBatch& micro) { return algorithm_type::value_loss(micro, o.algorithm(), state, counts); },
+              [&](const at::Tensor& loss) { critic->backward(loss); }, [&](const LossOutput& out) { agg.add(out); });
           critic_grad_sum += critic->step().template item<double>();
           critic_lr = critic->last_step().lr;
           for (const auto& [name, v] : agg.result(dp_comm.get())) critic_sums[name] += v;
@@ -1267,19 +1279,14 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         algorithm_type::prepare_mini_batch(mini, o.algorithm(), state, dp_comm.get());
         at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         MetricAggregator agg;
-        auto micros = micro_batches(mini, MicroPass::update);
-        for (size_t i = 0; i < micros.size(); ++i) {
-          auto& micro = micros[i];
-          auto out = measured(MicroPass::update, i, micro, [&] {
-            for (auto& [k, x] : score_micro(micro, loss_keys, engine_forward)) micro.set(k, x);
-            micro.require(reads, "the algorithm's loss");
-            auto loss = algorithm_type::loss(micro, o.algorithm(), state, counts);
-            engine.backward(loss.loss);
-            return loss;
-          });
-          mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
-          agg.add(out);
-        }
+        accumulate(
+            mini, loss_keys, engine_forward, reads, "the algorithm's loss",
+            [&](const TensorBatch& micro) { return algorithm_type::loss(micro, o.algorithm(), state, counts); },
+            [&](const at::Tensor& loss) { engine.backward(loss); },
+            [&](const LossOutput& out) {
+              mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
+              agg.add(out);
+            });
         const auto norm = engine.step();
         const auto& last = engine.last_step();
         lr = last.lr;
