@@ -745,7 +745,8 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   const int cuda_index = device.index() < 0 ? 0 : device.index();
   int64_t probe_peak = 0;
   std::map<std::string, double> micro_sizes;  // the step's chosen sizes (geometry/micro_batch_<pass>)
-  // the micro-batches of `rows` for `pass`; `measure(i, work)` runs micro-batch i's work, measured when it is the first
+  // the micro-batches of `rows` for `pass`; `measured(pass, i, micro, work)` runs micro-batch i's
+  // work, recording its memory for the sizer when it is the pass's first
   auto micro_batches = [&](const TensorBatch& rows, MicroPass pass) {
     std::optional<int64_t> available;
     if (sizer.measures()) {
