@@ -89,7 +89,7 @@ TEST_SUITE("sharding/frozen") {
     }
   }
 
-  TEST_CASE("one process: the model as given, under autocast when param_dtype differs") {
+  TEST_CASE("one process: the model as given, its weights cast to param_dtype when it differs") {
     ShardedFrozen<CausalLM> ref(sharded_fixture(), nullptr, at::kFloat);
     CHECK_FALSE(ref.sharded());
     CHECK(ref.local_parameter_elements() == ref.total_parameter_elements());
@@ -97,8 +97,8 @@ TEST_SUITE("sharding/frozen") {
     const auto want = hybridrl::detail::frozen_forward(sharded_fixture(), LogProbOptions{})(rows).tensor(keys::log_probs);
     CHECK(max_abs(log_probs_of(ref, rows), want) <= 1e-6);
     for (const auto& p : ref.model()->parameters()) CHECK_FALSE(p.requires_grad());
-    // bf16: what the policy's one-process engine computes (the layers and the output head under
-    // the same autocast), not what fp32 gives: a reference equal to the policy scores as it does
+    // bf16: what the policy's one-process engine computes (on bf16 copies of its weights), not
+    // what fp32 gives: a reference equal to the policy scores as it does
     ShardedFrozen<CausalLM> bf(sharded_fixture(), nullptr, at::kBFloat16);
     auto engine = Sharding<FSDP>::make(sharded_fixture(), FSDPOptions{}.param_dtype(at::kBFloat16), OptimizerOptions{}, 1);
     at::Tensor want_bf;
@@ -107,7 +107,8 @@ TEST_SUITE("sharding/frozen") {
       want_bf = engine.forward(rows).tensor(keys::log_probs);
     }
     CHECK(max_abs(log_probs_of(bf, rows), want_bf) == 0.0);
-    CHECK(max_abs(want_bf, want) > 1e-4);  // the autocast is in effect
+    CHECK(max_abs(want_bf, want) > 1e-4);  // bf16 is in effect
+    for (const auto& p : bf.model()->parameters()) CHECK((p.scalar_type() == at::kBFloat16));
     CHECK(contains(error_of([] { ShardedFrozen<CausalLM>(sharded_fixture(), nullptr, at::kFloat, 3); }),
                    "shard_group_size = 3 does not divide"));
   }

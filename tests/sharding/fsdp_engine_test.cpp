@@ -1,7 +1,7 @@
 // Sharding<FSDP>'s single-process engine on the llama fixture: forward's log-probs equal
 // token_log_probs (aligned to input_ids offline, to responses in a rollout batch); steps lower an
-// SFT loss; activation checkpointing gives the same gradients; bf16 autocast stays close to fp32
-// and keeps fp32 master weights; a state restored from state_dict continues bit for bit; the
+// SFT loss; activation checkpointing gives the same gradients; bf16 stays close to fp32; mixed
+// precision computes exactly as the model cast to bf16 and steps fp32 master weights; a state restored from state_dict continues bit for bit; the
 // export loads into Rollout<Naive>, which then generates as the trained model does; errors.
 
 #include <hybridrl/model/log_probs.hpp>
@@ -85,7 +85,7 @@ TEST_SUITE("sharding/fsdp_engine") {
     CHECK(e.optimizer().steps() == 8);
   }
 
-  TEST_CASE("activation checkpointing gives the same gradients; bf16 autocast is close and keeps fp32 masters") {
+  TEST_CASE("activation checkpointing gives the same gradients; bf16 is close to fp32") {
     const auto b = fsdp_batch();
     auto grads_of = [&](FSDPOptions o) {
       auto m = fsdp_fixture();
@@ -105,9 +105,52 @@ TEST_SUITE("sharding/fsdp_engine") {
     auto a = bf16.forward(b).tensor(keys::log_probs), c = fp32.forward(b).tensor(keys::log_probs);
     CHECK((a.to(at::kFloat) - c).abs().max().item<double>() < 0.1);
     CHECK((a.to(at::kFloat) - c).abs().max().item<double>() > 0.0);  // bf16 matmuls really ran
-    bf16.backward(sft_loss(bf16, b));
-    bf16.step();
-    CHECK((m->parameters().front().scalar_type() == at::kFloat));
+  }
+
+  TEST_CASE("mixed precision computes on bf16 copies as a bf16 model does and steps fp32 masters") {
+    const auto b = fsdp_batch();
+    auto max_abs = [](const at::Tensor& x, const at::Tensor& y) { return (x - y).abs().max().item<double>(); };
+    const double lr = 1e-3, eps = 1e-8;
+    const auto optim = OptimizerOptions{}.lr(lr).eps(eps).weight_decay(0).max_grad_norm(0);
+    auto master = fsdp_fixture();
+    const auto before = master->named_parameters().pairs();
+    std::vector<std::pair<std::string, at::Tensor>> w0;
+    for (const auto& [k, v] : before) w0.emplace_back(k, v.detach().clone());
+    FSDPEngine e(master, FSDPOptions{}.param_dtype(at::kBFloat16), optim, 10);
+    // the same model cast to bf16, trained by hand: the engine must compute exactly this
+    auto m16 = fsdp_fixture();
+    m16->to(at::kBFloat16);
+    auto lp16 = token_log_probs(m16, b.tensor(keys::input_ids),
+                                ForwardArgs{}.attention_mask(b.tensor(keys::attention_mask))
+                                    .position_ids(b.tensor(keys::position_ids)))
+                    .log_probs;
+    auto lp = e.forward(b).tensor(keys::log_probs);
+    CHECK(max_abs(lp, lp16) == 0.0);
+    auto mask = b.tensor(keys::response_mask).to(at::kFloat);
+    (-(lp16 * mask).sum() / mask.sum()).backward();
+    e.backward(-(lp * mask).sum() / mask.sum());
+    double sq = 0;
+    for (const auto& p : m16->parameters()) sq += p.grad().to(at::kFloat).pow(2).sum().item<double>();
+    CHECK(e.step().item<double>() == doctest::Approx(std::sqrt(sq)).epsilon(1e-5));
+    // AdamW's first step from the bf16 gradient, applied to the fp32 master: w - lr g / (|g| + eps)
+    const auto s = e.state_dict();
+    auto g16 = m16->named_parameters();
+    for (const auto& [k, w] : w0) {
+      CAPTURE(k);
+      const auto& now = s.at("model." + k);
+      CHECK((now.scalar_type() == at::kFloat));
+      const auto g = g16[k].grad().to(at::kFloat);
+      CHECK(max_abs(now, w - lr * g / (g.abs() + eps)) <= 1e-7);
+    }
+    // between uses the model's parameters are empty and still say the master dtype
+    CHECK((master->parameters().front().scalar_type() == at::kFloat));
+    // activation checkpointing on the bf16 copies: the same step, bit for bit
+    auto ck = fsdp_fixture();
+    FSDPEngine c(ck, FSDPOptions{}.param_dtype(at::kBFloat16).activation_checkpointing(true), optim, 10);
+    c.backward(sft_loss(c, b));
+    c.step();
+    const auto sc = c.state_dict();
+    for (const auto& [k, w] : w0) CHECK(max_abs(sc.at("model." + k), s.at("model." + k)) == 0.0);
   }
 
   TEST_CASE("resume: an engine restored from state_dict continues bit for bit") {

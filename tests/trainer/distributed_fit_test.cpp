@@ -466,18 +466,20 @@ TEST_SUITE("trainer/distributed") {
     }
 
     // bf16: before its first update the policy equals the reference bit for bit (KL 0), with the
-    // reference on one rank beside a 2-rank actor and on 2 ranks beside it, as when colocated
-    for (const std::string reference : {"", "2", "2-3"}) {
+    // reference on one rank beside a 2-rank actor and on 2 ranks beside it, as when colocated, and
+    // sharded over 2 ranks beside a 1-rank actor (whose one-shard units compute on bf16 copies)
+    for (const std::string reference : {"", "2", "2-3", "1-2"}) {
       CAPTURE(reference);
       double kl = -1;
       const int world = reference == "2-3" ? 4 : reference.empty() ? 2 : 3;
+      const std::string actor = reference == "1-2" ? "0" : "0-1";
       run_on("thread", world, [&](Communicator& comm) {
         FitParts p = quiet;
         p.comm = dist_borrowed(comm);
         if (comm.rank() == 0) p.on_step = [&](int64_t, const std::map<std::string, double>& x) { kl = x.at("kl"); };
         auto o = dist_grpo_options(1);
         o.sharding().param_dtype(at::kBFloat16);
-        if (!reference.empty()) o.placement().actor("0-1").reference(reference).reward("0-1");
+        if (!reference.empty()) o.placement().actor(actor).reference(reference).reward(actor);
         DistGRPO(o, world).fit(fit_fixture_model(), prompts, dist_reward, p);
       });
       CHECK(kl == 0.0);

@@ -11,8 +11,9 @@
 /// \endcode
 ///
 /// run() is collective over the group (every rank calls it as often, with batches of any size).
-/// On one process (no Communicator, or one rank) it is the model as given, run under autocast
-/// (the layers and the output head) when `param_dtype` differs from its weights' dtype.
+/// On one process (no Communicator, or one rank) it is the model as given, its weights cast to
+/// `param_dtype` once (a frozen model needs no master copy): it computes as the policy's engine
+/// does on its param_dtype copies, bit for bit.
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -78,6 +79,7 @@ class ShardedFrozen {
   ShardedFrozen(Model skeleton, const detail::fsdp::State& trained, at::ScalarType param_dtype)
       : model_(std::move(skeleton)), param_dtype_(param_dtype) {
     freeze();
+    c10::NoGradGuard ng;
     sh_ = std::make_unique<detail::fsdp::State>();
     sh_->groups = trained.groups;
     auto named = model_->named_parameters();
@@ -90,7 +92,7 @@ class ShardedFrozen {
       u.index = t.index;
       u.numel = t.numel;
       u.padded = t.padded;
-      u.slice = t.slice.detach().clone();
+      u.slice = t.slice.detach().to(t.slice.device(), param_dtype_, /*non_blocking=*/false, /*copy=*/true);  // only ever gathered in it
       u.device = t.device;
       for (const auto& n : u.names) {
         auto* p = named.find(n);
@@ -116,13 +118,7 @@ class ShardedFrozen {
   template <class F>
   decltype(auto) run(F&& f) const {
     c10::NoGradGuard ng;
-    if (!sh_) {
-      // the output head too in param_dtype, as the policy's engine computes it (Sharding<FSDP>::forward)
-      std::optional<detail::compat::AutocastGuard> cast;
-      const auto w = model_->parameters().front();  // a copy: parameters() returns a temporary vector
-      if (param_dtype_ != w.scalar_type()) cast.emplace(w.device().type(), param_dtype_);
-      return f(model_);
-    }
+    if (!sh_) return f(model_);
     detail::fsdp::gather(sh_->units.back(), sh_->groups, param_dtype_);
     struct Release {
       detail::fsdp::Unit* root;
@@ -164,8 +160,10 @@ class ShardedFrozen {
     model_->eval();
   }
   void one_process() {
-    const auto dtype = model_->parameters().front().scalar_type();
-    if (param_dtype_ != dtype) model_->model->set_layer_runner(autocast_runner(param_dtype_, default_layer_runner()));
+    c10::NoGradGuard ng;
+    for (auto& p : model_->parameters()) {
+      if (p.scalar_type() != param_dtype_) p.set_data(p.to(param_dtype_));
+    }
   }
   void shard(const detail::fsdp::Groups& groups) {
     HYBRIDRL_CHECK(model_->model->parallel().tp_size == 1, "ShardedFrozen: the model is tensor-parallel (tp_size > 1)",
@@ -174,6 +172,8 @@ class ShardedFrozen {
     sh_->groups = groups;
     sh_->units = detail::fsdp::make_units(model_->named_parameters(), model_->model->config().num_hidden_layers,
                                           sh_->groups, /*trainable=*/false, "ShardedFrozen");
+    c10::NoGradGuard ng;
+    for (auto& u : sh_->units) u.slice = u.slice.to(param_dtype_);  // used only so: half the memory in bf16
     model_->model->set_layer_runner(detail::fsdp::sharded_layer_runner(&sh_->units, &sh_->groups, param_dtype_,
                                                                        param_dtype_, /*recompute=*/false));
   }

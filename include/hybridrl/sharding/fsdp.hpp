@@ -6,11 +6,12 @@
 /// (produces_tensor_parallel_shards = false: it can hand over full weights).
 ///
 /// The engines here, FSDPEngine (the policy) and FSDPCriticEngine (the critic), run on one process
-/// (no Communicator, or one of size 1: the whole model on this rank, mixed precision through
-/// autocast, activation checkpointing) or sharded over a Communicator's ranks (sharding/
+/// in the master dtype (no Communicator, or one of size 1, param_dtype = the weights' dtype: the
+/// model trained in place, activation checkpointing) or through the units of sharding/
 /// fsdp_units.hpp: one flat fp32 slice per layer unit and rank, gathered in param_dtype around
 /// each layer, gradients reduce-scattered into the slices, AdamW on the slices, the gradient norm
-/// global over the ranks). Both behind the same interface, with the shared Optimizer
+/// global over the ranks — sharded over a Communicator's ranks, or with one shard on one process
+/// for mixed precision (param_dtype other than the master dtype) or CPU offload. Both behind the same interface, with the shared Optimizer
 /// (sharding/optimizer.hpp), checkpoint state and weight export.
 
 #include <ATen/ATen.h>
@@ -124,18 +125,22 @@ class BasicFSDPEngine {
     options_.check_world(world);
     model_->train();
     const auto master = model_->parameters().front().scalar_type();
-    if (world == 1 && !options_.cpu_offload()) {
+    if (world == 1 && !options_.cpu_offload() && options_.param_dtype() == master) {
       std::vector<at::Tensor> params;
       for (auto& p : model_->parameters()) {
         if (p.requires_grad()) params.push_back(p);
       }
       optimizer_ = std::make_unique<Optimizer>(std::move(params), optim, total_steps);
-      LayerRunner runner = default_layer_runner();
-      if (options_.param_dtype() != master) runner = autocast_runner(options_.param_dtype(), runner);
-      if (options_.activation_checkpointing()) runner = activation_checkpoint_runner(runner);
-      model_->model->set_layer_runner(runner);
+      model_->model->set_layer_runner(options_.activation_checkpointing() ? activation_checkpoint_runner()
+                                                                          : default_layer_runner());
       return;
     }
+    // Mixed precision on one process takes the sharded path with one shard, as FSDP2's
+    // MixedPrecisionPolicy does on one rank: each unit's fp32 master is one flat slice, cast to
+    // param_dtype in one kernel when the unit runs (the layers and the head compute on the copy,
+    // as a bf16 model does), its gradient cast back and accumulated into the slice. Autocast
+    // instead cast every weight and every activation at every op and kept the residual stream in
+    // fp32: a third of a 160M update's GPU time on the H200 went to casts and copies.
     HYBRIDRL_CHECK(model_->model->parallel().tp_size == 1,
                    "Sharding<FSDP>: the model is tensor-parallel (tp_size > 1)",
                    "shard a full model with FSDP; tensor parallelism is Sharding<TP3D>'s");
@@ -203,13 +208,6 @@ class BasicFSDPEngine {
   TensorBatch forward(const TensorBatch& batch) {
     if (sh_) detail::fsdp::gather(sh_->units.back(), sh_->groups, options_.param_dtype());  // the root, until step()
     const auto dev = sh_ ? sh_->units.back().device : model_->parameters().front().device();
-    // one process: the layers cast under their autocast runner; the output head (the LM head's
-    // chunked log-probs, the critic's score) computes in param_dtype too, as the sharded path's
-    // gathered root does (an fp32 LM head was a third of a 1.1B update's time on the H200)
-    std::optional<detail::compat::AutocastGuard> cast;
-    if (!sh_ && options_.param_dtype() != model_->parameters().front().scalar_type()) {
-      cast.emplace(dev.type(), options_.param_dtype());
-    }
     return detail::score_batch(model_, batch, log_prob_options_, dev, "Sharding<FSDP>");
   }
 
@@ -427,9 +425,9 @@ class BasicFSDPEngine {
   [[nodiscard]] int64_t last_export_bytes() const noexcept { return last_export_bytes_; }
 
   /// The frozen reference in this engine's layout, a copy of the weights as they stand (call it
-  /// before the first step): sharded, a copy of this rank's slices (no communication), gathered
-  /// in param_dtype around each use as the policy is; on one process a full copy run under the
-  /// policy's autocast.
+  /// before the first step): on units, a copy of this rank's slices in param_dtype (no
+  /// communication), gathered around each use as the policy is; in the master dtype on one
+  /// process, a full copy.
   [[nodiscard]] ShardedFrozen<CausalLM> make_reference() const
     requires(!is_critic)
   {
@@ -447,7 +445,7 @@ class BasicFSDPEngine {
 
   /// A frozen reference given whole (the same weights on every rank: a checkpoint) in this
   /// engine's layout: sharded over its shard groups (collective; its parameters are emptied), on
-  /// one process run as given under the policy's autocast.
+  /// one process its weights cast to param_dtype.
   [[nodiscard]] ShardedFrozen<CausalLM> adopt_reference(CausalLM reference) const
     requires(!is_critic)
   {
@@ -457,7 +455,7 @@ class BasicFSDPEngine {
 
   /// Sharded: all-gathers every unit into the model's parameters in the master dtype, so that
   /// model() holds the full trained weights (to save them with save_pretrained); reshard() frees
-  /// them again before training continues. One process: nothing to do.
+  /// them again before training continues. One process in the master dtype: nothing to do.
   void materialize() {
     if (!sh_) return;
     for (auto& u : sh_->units) {

@@ -170,6 +170,9 @@ inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, c
                                 at::Device device) {
   c10::NoGradGuard ng;
   const auto local = local_slice.detach().to(device, dtype);
+  // one shard: the slice is the unit. The cast (or the move) made a copy already; a frozen slice
+  // in `dtype` is read in place; a trainable one is copied (its weights must not alias the master)
+  if (g.shards() == 1 && (!local.is_alias_of(local_slice) || !local_slice.requires_grad())) return local;
   at::Tensor full = at::empty({padded}, local.options());
   if (g.shards() > 1) {
     g.shard->all_gather_into(full, local);
@@ -203,10 +206,11 @@ inline void gather(Unit& u, const Groups& g, at::ScalarType dtype) {
   u.gathered = true;
 }
 
-/// Empties `u`'s parameters (their gathered storage is freed once nothing else holds it).
+/// Empties `u`'s parameters (their gathered storage is freed once nothing else holds it); the
+/// empty tensors keep the slice's dtype, so a model's parameters say its master dtype between uses.
 inline void release(Unit& u) {
   if (!u.gathered) return;
-  for (auto& p : u.params) p.set_data(at::empty({0}, p.options()));
+  for (auto& p : u.params) p.set_data(at::empty({0}, p.options().dtype(u.slice.scalar_type())));
   u.gathered = false;
 }
 
@@ -221,6 +225,7 @@ inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::ve
     if (grads[i].defined()) flat.narrow(0, u.offsets[i], grads[i].numel()).copy_(grads[i].reshape({-1}));
   }
   const int S = g.shards();
+  if (S == 1 && !(g.replicate && g.replicate->size() > 1)) return flat.to(u.slice.device(), u.slice.scalar_type());
   at::Tensor part = at::empty({u.padded / S}, flat.options());
   if (S > 1) {
     g.shard->reduce_scatter(part, flat, ReduceOp::sum);

@@ -813,14 +813,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   if constexpr (detail::places_models<sharding_type>) {
     if (placed_reference) {  // sharded over its own ranks, from the policy as given (before the engine empties it)
       if (pl.in_reference()) {
+        // the policy computes on param_dtype copies of its weights; the reference stores its
+        // weights in param_dtype (cast once, or gathered in it), so the two agree bit for bit
+        // while the policy has not moved
         auto copy = given_reference ? std::move(*given_reference) : make_reference(policy);
-        if (pl.reference.size() == 1 && pl.actor.size() > 1) {
-          // the policy's layers run on weights gathered in param_dtype (not under autocast, as on
-          // one process): a reference on one rank gets its weights in that dtype too, so the two
-          // agree bit for bit while the policy has not moved (the buffers, RoPE's, stay as they are)
-          c10::NoGradGuard ng;
-          for (auto& p : copy->parameters()) p.set_data(p.to(o.sharding().param_dtype()));
-        }
         reference.emplace(std::move(copy), pl.reference_comm, o.sharding().param_dtype());
       }
       given_reference.reset();
