@@ -10,7 +10,7 @@
 #   update       the policy update (16 x 1024 tokens, AdamW): hybridrl and transformers eager, MFU
 #   grpo         a GRPO step (64 prompts x 8, prompt 128, gen 256): hybridrl, with the GPU's busy
 #                fraction (nvidia-smi utilization sampled every 100 ms over the steps after the first);
-#                then with the micro-batch sizer off (32 sequences per micro-batch)
+#                then with the micro-batch sizer off (32 sequences per micro-batch; GRPO_FIXED=0 skips it)
 #   grpo-peer    the same step with transformers generate() + torch (bench/peers/grpo_step_peer.py)
 #   profile      GPU time per kernel class and kernel (Kineto) of the update (160m, 1b) and of a
 #                GRPO step (160m, 1b); Chrome traces in $TRACES (default /tmp/hybridrl-traces)
@@ -60,7 +60,7 @@ for s in "${sections[@]}"; do
         "$B/bench_train" grpo "$m" 4 | tee "$OUT/grpo_$m.jsonl"
         kill $smi
         busy "$OUT/grpo_$m.jsonl" "$OUT/util_$m.csv"
-        "$B/bench_train" grpo "$m" 3 32 | grep '"grpo_step"' | sed 's/"engine": "hybridrl GRPOTrainer"/"engine": "hybridrl GRPOTrainer, fixed micro 32"/'
+        [[ ${GRPO_FIXED:-1} == 1 ]] && "$B/bench_train" grpo "$m" 3 32 | grep '"grpo_step"' | sed 's/"engine": "hybridrl GRPOTrainer"/"engine": "hybridrl GRPOTrainer, fixed micro 32"/'
       done
       ;;
     profile)

@@ -1,5 +1,6 @@
 // Fused inference kernels of the decoder and the sampler: RMSNorm (with the residual add before
-// it), rotary embeddings on q and k in place, SiLU(gate) * up, and one-pass token sampling. Each
+// it), rotary embeddings on q and k in place, SiLU(gate) * up, and one-pass token sampling; and
+// the head's log-prob (and entropy) of labels with its backward, for training and scoring. Each
 // replaces a chain of LibTorch ops (8 for a norm, ~10 for the rotary of q and k, 2 for the MLP's
 // activation, ~170 for a Philox + Gumbel-max draw over the vocabulary) by one launch.
 //
@@ -267,6 +268,99 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
 }
 
+// ---- log-probs of labels (and entropies) from logits, with the backward ----
+// Training and scoring's head: x = float(logits) · inv_temperature over a row [vocab]; one pass
+// keeps the running max m, Σ e^{x−m} and Σ e^{x−m}·x (merged across threads as online softmax
+// does), so lse = m + log Σ, log p(label) = x_label − lse, entropy = lse − E_p[x] with
+// E_p[x] = Σ e^{x−m}·x / Σ. Nothing [rows, vocab] is written in the forward; the backward
+// writes the logits' gradient once, in the logits' dtype:
+//   ∂/∂x_v = g_lp · (1[v = label] − p_v) + g_H · p_v · (E_p[x] − x_v),   p_v = e^{x_v − lse},
+// times inv_temperature. One block per row.
+struct Soft {
+  float m, s, w;  // max, Σ e^{x−m}, Σ e^{x−m} x
+};
+
+__device__ __forceinline__ Soft soft_merge(Soft a, Soft b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f, 0.0f};
+  const float ea = a.m == -INFINITY ? 0.0f : expf(a.m - m);
+  const float eb = b.m == -INFINITY ? 0.0f : expf(b.m - m);
+  return {m, a.s * ea + b.s * eb, a.w * ea + b.w * eb};
+}
+
+__device__ __forceinline__ Soft soft_add(Soft a, float x) {
+  if (x > a.m) {
+    const float e = a.m == -INFINITY ? 0.0f : expf(a.m - x);
+    return {x, a.s * e + 1.0f, a.w * e + x};
+  }
+  const float e = expf(x - a.m);
+  return {a.m, a.s + e, a.w + e * x};
+}
+
+constexpr int kLogProbThreads = 512;
+
+template <class T>
+__global__ void token_log_prob_kernel(const T* __restrict__ logits, int64_t vocab, int64_t row_stride,
+                                      const int64_t* __restrict__ labels, float inv, float* __restrict__ log_probs,
+                                      float* __restrict__ entropy, float* __restrict__ lse_out,
+                                      float* __restrict__ mean_out) {
+  __shared__ Soft shared[32];
+  const int64_t row = blockIdx.x;
+  const T* l = logits + row * row_stride;
+  Soft t{-INFINITY, 0.0f, 0.0f};
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) t = soft_add(t, to_f<T>(l[v]) * inv);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Soft other{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o),
+               __shfl_xor_sync(0xffffffffu, t.w, o)};
+    t = soft_merge(t, other);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = t;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / 32;
+    t = lane < warps ? shared[lane] : Soft{-INFINITY, 0.0f, 0.0f};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      Soft other{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o),
+                 __shfl_xor_sync(0xffffffffu, t.w, o)};
+      t = soft_merge(t, other);
+    }
+    if (lane == 0) {
+      const float lse = t.m + logf(t.s);
+      const float mean = t.w / t.s;
+      const int64_t label = labels[row];
+      log_probs[row] = label >= 0 && label < vocab ? to_f<T>(l[label]) * inv - lse : __int_as_float(0x7fc00000);
+      if (entropy != nullptr) entropy[row] = lse - mean;
+      lse_out[row] = lse;
+      mean_out[row] = mean;
+    }
+  }
+}
+
+template <class T>
+__global__ void token_log_prob_backward_kernel(const T* __restrict__ logits, int64_t vocab, int64_t row_stride,
+                                               const int64_t* __restrict__ labels, float inv,
+                                               const float* __restrict__ lse, const float* __restrict__ mean,
+                                               const float* __restrict__ grad_log_probs,
+                                               const float* __restrict__ grad_entropy, T* __restrict__ grad) {
+  const int64_t row = blockIdx.x;
+  const T* l = logits + row * row_stride;
+  T* g = grad + row * vocab;
+  const float glp = grad_log_probs != nullptr ? grad_log_probs[row] : 0.0f;
+  const float gh = grad_entropy != nullptr ? grad_entropy[row] : 0.0f;
+  const float z = lse[row], e = mean[row];
+  const int64_t label = labels[row];
+  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
+    const float x = to_f<T>(l[v]) * inv;
+    const float p = expf(x - z);
+    float d = -glp * p + gh * p * (e - x);
+    if (v == label) d += glp;
+    g[v] = from_f<T>(d * inv);
+  }
+}
+
 template <class F>
 int by_dtype(KernelDtype dtype, F&& f) {
   switch (dtype) {
@@ -333,6 +427,33 @@ int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_
     sample_kernel<T><<<static_cast<unsigned>(rows), kSampleThreads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(logits), vocab, row_stride, inv_temperature, greedy, seeds, samples, positions, tokens,
         log_probs);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int launch_token_log_prob(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride, const int64_t* labels,
+                          float inv_temperature, float* log_probs, float* entropy, float* lse, float* mean,
+                          KernelDtype dtype, void* stream) {
+  if (rows == 0) return 0;
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    token_log_prob_kernel<T><<<static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature, log_probs, entropy, lse, mean);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int launch_token_log_prob_backward(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                                   const int64_t* labels, float inv_temperature, const float* lse, const float* mean,
+                                   const float* grad_log_probs, const float* grad_entropy, void* grad,
+                                   KernelDtype dtype, void* stream) {
+  if (rows == 0) return 0;
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    token_log_prob_backward_kernel<T>
+        <<<static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature, lse, mean, grad_log_probs,
+            grad_entropy, static_cast<T*>(grad));
     return static_cast<int>(cudaGetLastError());
   });
 }

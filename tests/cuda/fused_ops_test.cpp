@@ -8,12 +8,14 @@
 #include <hybridrl/cuda/fused.hpp>
 #include <hybridrl/model/causal_lm.hpp>
 #include <hybridrl/model/layers.hpp>
+#include <hybridrl/model/log_probs.hpp>
 #include <hybridrl/rollout/paged.hpp>
 #include <hybridrl/rollout/sampler.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -81,6 +83,100 @@ TEST_SUITE("cuda/fused") {
     with_fused(false, [&] { CHECK_FALSE(fused::applies(xc)); return 0; });
     c10::AutoGradMode grad(true);
     CHECK_FALSE(fused::applies(xc));  // autograd recording: the kernels have no backward
+  }
+
+  TEST_CASE("the training rotary of q and k: bit-identical to the eager ops, forward and backward") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    at::manual_seed(5);
+    const int64_t N = 77, H = 6, Hkv = 2, D = 64;
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      CAPTURE(dtype);
+      const auto o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+      auto pos = at::randint(0, 500, {1, N}, o.dtype(at::kLong));
+      ModelConfig c;
+      c.head_dim = D;
+      auto [cos3, sin3] = rope_cos_sin(rope_inverse_frequencies(c), pos, dtype);
+      const auto cos = cos3[0], sin = sin3[0];
+      const auto wide = at::randn({N, (H + 1) * D}, o.dtype(at::kFloat)).to(dtype);
+      const auto q0 = wide.narrow(1, 0, H * D).view({N, H, D});
+      const auto k0 = at::randn({N, Hkv, D}, o.dtype(at::kFloat)).to(dtype);
+      const auto gq = at::randn({N, H, D}, o.dtype(at::kFloat)).to(dtype), gk = at::randn({N, Hkv, D}, o.dtype(at::kFloat)).to(dtype);
+      auto run = [&](bool fused_on) {
+        auto q = q0.detach().clone().requires_grad_(true), k = k0.detach().clone().requires_grad_(true);
+        at::Tensor rq, rk;
+        if (fused_on) {
+          auto r = fused::rope(q, k, cos, sin);
+          REQUIRE(r.first.defined());
+          rq = r.first, rk = r.second;
+        } else {
+          rq = apply_rope_rows(q, cos, sin), rk = apply_rope_rows(k, cos, sin);
+        }
+        ((rq * gq).sum() + (rk * gk).sum()).backward();
+        return std::vector<at::Tensor>{rq.detach(), rk.detach(), q.grad(), k.grad()};
+      };
+      auto f = run(true), e = run(false);
+      for (size_t i = 0; i < 2; ++i) CHECK(at::equal(f[i], e[i]));
+      // the gradients: the eager backward sums the two products' gradients as the kernel does
+      for (size_t i = 2; i < 4; ++i) CHECK(max_ulps(f[i], e[i], dtype) <= 1.0);
+    }
+    // a strided q is read in place: the same rotation as its contiguous copy
+    c10::NoGradGuard ng;
+    const auto o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    auto wide = at::randn({9, 3 * 8}, o);
+    auto cs = at::randn({9, 8}, o), sn = at::randn({9, 8}, o);
+    auto strided = fused::rope(wide.narrow(1, 0, 16).view({9, 2, 8}), wide.narrow(1, 16, 8).view({9, 1, 8}), cs, sn);
+    auto packed = fused::rope(wide.narrow(1, 0, 16).contiguous().view({9, 2, 8}), wide.narrow(1, 16, 8).contiguous().view({9, 1, 8}), cs, sn);
+    CHECK(at::equal(strided.first, packed.first));
+    CHECK(at::equal(strided.second, packed.second));
+    CHECK_FALSE(fused::rope(wide.cpu().view({9, 3, 8}), wide.cpu().view({9, 3, 8}), cs.cpu(), sn.cpu()).first.defined());
+  }
+
+  TEST_CASE("the head's fused log-prob and entropy: the eager fp32 log-softmax's values and gradients") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    at::manual_seed(11);
+    const int64_t B = 3, T = 37, H = 64, V = 1003;  // a vocabulary no vector width divides; chunks of 16
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (double temp : {1.0, 0.7}) {
+        for (bool ent : {true, false}) {
+          CAPTURE(dtype);
+          CAPTURE(temp);
+          CAPTURE(ent);
+          const auto o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+          const auto h0 = (at::randn({B, T, H}, o.dtype(at::kFloat)) * 2).to(dtype);
+          const auto w0 = (at::randn({V, H}, o.dtype(at::kFloat)) * 0.3).to(dtype);
+          const auto labels = at::randint(0, V, {B, T}, o.dtype(at::kLong));
+          const auto g_lp = at::randn({B, T}, o.dtype(at::kFloat)), g_h = at::randn({B, T}, o.dtype(at::kFloat));
+          auto run = [&](bool on) {
+            return with_fused(on, [&] {
+              auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+              auto r = hybridrl::detail::chunked_log_probs(h, w, labels, LogProbOptions{}.chunk_size(16).temperature(temp).with_entropy(ent));
+              auto loss = (r.log_probs * g_lp).sum();
+              if (ent) loss = loss + (r.entropy * g_h).sum();
+              loss.backward();
+              return std::vector<at::Tensor>{r.log_probs.detach(), ent ? r.entropy.detach() : at::zeros({1}),
+                                             h.grad().to(at::kFloat), w.grad().to(at::kFloat)};
+            });
+          };
+          const auto fused = run(true), eager = run(false);
+          // the same logits (one GEMM) in fp32 arithmetic: float rounding of the softmax sums
+          CHECK((fused[0] - eager[0]).abs().max().item<double>() <= 2e-5);
+          CHECK((fused[1] - eager[1]).abs().max().item<double>() <= 2e-5);
+          // the logits' gradient rounded once to the logits' dtype (eager: in fp32, then cast)
+          const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+          for (size_t i = 2; i < 4; ++i) {
+            CHECK(((fused[i] - eager[i]).norm() / eager[i].norm()).item<double>() <= tol);
+          }
+        }
+      }
+    }
+    // a label outside the vocabulary gives NaN, never a read past the row
+    c10::NoGradGuard ng;
+    auto l = at::randn({2, 5}, at::TensorOptions().device(at::kCUDA));
+    auto [lp, en] = fused::token_log_prob(l, at::tensor(std::vector<int64_t>{1, 7}, at::kLong).cuda(), 1.0, false);
+    CHECK(std::isfinite(lp[0].item<double>()));
+    CHECK(std::isnan(lp[1].item<double>()));
+    CHECK_FALSE(en.defined());
+    CHECK_FALSE(fused::token_log_prob(l.cpu(), at::zeros({2}, at::kLong), 1.0, false).first.defined());
   }
 
   TEST_CASE("RMSNorm and the residual add + RMSNorm: within one unit in the last place of the eager ops") {

@@ -30,6 +30,7 @@
 
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
 #include <ATen/cuda/CUDAContext.h>
+#include <torch/csrc/autograd/custom_function.h>
 #endif
 
 namespace hybridrl::fused {
@@ -222,6 +223,129 @@ inline at::Tensor silu_mul_halves(const at::Tensor& gate_up) {
   return out;
 #else
   (void)gate_up;
+  return {};
+#endif
+}
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+namespace detail {
+// log p(label) and the entropy of logits [N, V] · inv as an autograd function (the kernels of
+// launch_token_log_prob and its backward); saves the logits, the labels, lse and E_p[x].
+struct TokenLogProb : torch::autograd::Function<TokenLogProb> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                                                const at::Tensor& labels, double inv, bool with_entropy) {
+    const auto N = logits.size(0);
+    const auto f = logits.options().dtype(at::kFloat);
+    auto lp = at::empty({N}, f), lse = at::empty({N}, f), mean = at::empty({N}, f);
+    auto ent = with_entropy ? at::empty({N}, f) : at::Tensor();
+    check_launch(cuda::launch_token_log_prob(logits.data_ptr(), N, logits.size(1), logits.stride(0),
+                                             labels.data_ptr<int64_t>(), static_cast<float>(inv), lp.data_ptr<float>(),
+                                             with_entropy ? ent.data_ptr<float>() : nullptr, lse.data_ptr<float>(),
+                                             mean.data_ptr<float>(), *kernel_dtype(logits.scalar_type()), stream()),
+                 "token_log_prob");
+    ctx->save_for_backward({logits, labels, lse, mean});
+    ctx->saved_data["inv"] = inv;
+    if (!with_entropy) return {lp};
+    return {lp, ent};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& logits = saved[0];
+    const auto N = logits.size(0), V = logits.size(1);
+    auto g_lp = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::Tensor();
+    auto g_h = grads.size() > 1 && grads[1].defined() ? grads[1].to(at::kFloat).contiguous() : at::Tensor();
+    auto grad = at::empty({N, V}, logits.options());
+    check_launch(cuda::launch_token_log_prob_backward(
+                     logits.data_ptr(), N, V, logits.stride(0), saved[1].data_ptr<int64_t>(),
+                     static_cast<float>(ctx->saved_data["inv"].toDouble()), saved[2].data_ptr<float>(),
+                     saved[3].data_ptr<float>(), g_lp.defined() ? g_lp.data_ptr<float>() : nullptr,
+                     g_h.defined() ? g_h.data_ptr<float>() : nullptr, grad.data_ptr(),
+                     *kernel_dtype(logits.scalar_type()), stream()),
+                 "token_log_prob_backward");
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace detail
+#endif
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+namespace detail {
+// rotary embeddings of q [N, H, D] and k [N, Hkv, D] out of place as an autograd function: the
+// rotation is linear, its backward the rotation by −θ (sin negated), through the same kernel
+struct Rope : torch::autograd::Function<Rope> {
+  static std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                  const at::Tensor& sin) {
+    auto qo = at::empty(q.sizes(), q.options()), ko = at::empty(k.sizes(), k.options());
+    const auto N = q.size(0), H = q.size(1), Hkv = k.size(1), D = q.size(2);
+    check_launch(cuda::launch_rope(q.data_ptr(), k.data_ptr(), nullptr, q.stride(0), k.stride(0), 0, qo.data_ptr(),
+                                   ko.data_ptr(), nullptr, cos.data_ptr(), sin.data_ptr(), N, H, Hkv, D,
+                                   *kernel_dtype(q.scalar_type()), stream()),
+                 "rope (training)");
+    return {qo, ko};
+  }
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    auto [qo, ko] = rotate(q, k, cos, sin);
+    return {qo, ko};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();  // an output unused downstream gets zeros (materialized)
+    auto [dq, dk] = rotate(grads[0].contiguous(), grads[1].contiguous(), saved[0], -saved[1]);
+    return {dq, dk, at::Tensor(), at::Tensor()};
+  }
+};
+}  // namespace detail
+#endif
+
+/// Rotary embeddings of q [N, H, D] and k [N, Hkv, D] (each token's heads contiguous) with cos /
+/// sin [N, D] (contiguous), out of place and differentiable (the backward rotates the gradient
+/// by −θ with the same kernel): bit-identical to apply_rope's eager ops forward and backward.
+/// Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or layouts).
+inline std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                              const at::Tensor& sin) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  auto rows_ok = [](const at::Tensor& t) {
+    return t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2);
+  };
+  if (!q.defined() || !q.is_cuda() || !enabled() || !detail::kernel_dtype(q.scalar_type()) || !rows_ok(q) ||
+      !rows_ok(k) || k.scalar_type() != q.scalar_type() || cos.scalar_type() != q.scalar_type() ||
+      sin.scalar_type() != q.scalar_type() || k.device() != q.device() || cos.device() != q.device() ||
+      sin.device() != q.device() || !cos.is_contiguous() || !sin.is_contiguous() || cos.dim() != 2 ||
+      sin.sizes() != cos.sizes() || k.size(0) != q.size(0) || cos.size(0) != q.size(0) ||
+      k.size(2) != q.size(2) || cos.size(1) != q.size(2) || q.size(2) % 2 != 0) {
+    return {};
+  }
+  auto out = detail::Rope::apply(q, k, cos, sin);
+  return {out[0], out[1]};
+#else
+  (void)q, (void)k, (void)cos, (void)sin;
+  return {};
+#endif
+}
+
+/// {log_softmax(logits / temperature)[labels], its entropy (undefined unless `with_entropy`)},
+/// float [N], of `logits` [N, V] (last dimension contiguous) and `labels` int64 [N] — one kernel
+/// over each row, nothing [N, V] in fp32 in the forward, the gradient written once in the logits'
+/// dtype in the backward (so it works with autograd recording, unlike the inference kernels).
+/// Undefined tensors where the kernel does not apply (CPU, switched off, another dtype).
+inline std::pair<at::Tensor, at::Tensor> token_log_prob(const at::Tensor& logits, const at::Tensor& labels,
+                                                        double temperature, bool with_entropy) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!logits.defined() || !logits.is_cuda() || !enabled() || !detail::kernel_dtype(logits.scalar_type()) ||
+      logits.dim() != 2 || logits.stride(1) != 1 || logits.size(1) == 0 || !labels.defined() ||
+      labels.scalar_type() != at::kLong || labels.dim() != 1 || labels.size(0) != logits.size(0) ||
+      labels.device() != logits.device() || temperature <= 0.0) {
+    return {};
+  }
+  // logits / T as ATen computes it on CUDA: a multiply by the float reciprocal of the float T
+  const double inv = 1.0 / static_cast<double>(static_cast<float>(temperature));
+  auto out = detail::TokenLogProb::apply(logits, labels.contiguous(), inv, with_entropy);
+  return {out[0], with_entropy ? out[1] : at::Tensor()};
+#else
+  (void)logits, (void)labels, (void)temperature, (void)with_entropy;
   return {};
 #endif
 }

@@ -70,6 +70,22 @@ int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_
                          bool greedy, const int64_t* seeds, const int64_t* samples, const int64_t* positions,
                          int64_t* tokens, float* log_probs, KernelDtype dtype, void* stream);
 
+/// Per row of `logits` [rows, vocab] (rows `row_stride` apart), x = logits · inv_temperature:
+/// log_probs[r] = log_softmax(x)[labels[r]] (NaN for a label outside the vocabulary), and with
+/// `entropy` non-null the entropy of softmax(x); lse[r] and mean[r] (E_p[x]) are what the
+/// backward needs. All float [rows]. Nothing [rows, vocab] is written.
+int launch_token_log_prob(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride, const int64_t* labels,
+                          float inv_temperature, float* log_probs, float* entropy, float* lse, float* mean,
+                          KernelDtype dtype, void* stream);
+
+/// The gradient of launch_token_log_prob's outputs with respect to the logits: `grad` [rows, vocab]
+/// (contiguous, the logits' dtype) from grad_log_probs and grad_entropy (float [rows]; either may
+/// be null: zero).
+int launch_token_log_prob_backward(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride,
+                                   const int64_t* labels, float inv_temperature, const float* lse, const float* mean,
+                                   const float* grad_log_probs, const float* grad_entropy, void* grad,
+                                   KernelDtype dtype, void* stream);
+
 /// Free and total memory of the current CUDA device (cudaMemGetInfo); returns its cudaError_t as int.
 int device_memory(std::size_t* free_bytes, std::size_t* total_bytes);
 

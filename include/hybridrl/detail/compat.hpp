@@ -16,6 +16,8 @@
 ///   forward (at::_flash_attention_forward with cum_seq_q/k and a sliding window; LibTorch >= 2.6).
 /// - HYBRIDRL_HAS_FUSED_ADAMW / compat::fused_adamw: the multi-tensor AdamW kernel and foreach ops
 ///   with tensor scalars (LibTorch >= 2.1), used on CUDA.
+/// - HYBRIDRL_HAS_FUSED_RMS_NORM / compat::fused_rms_norm: at::_fused_rms_norm with its backward
+///   (LibTorch >= 2.10), used by training forwards on CUDA.
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -204,6 +206,31 @@ inline at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& 
   return std::get<0>(res);
 }
 #endif
+
+}  // namespace hybridrl::detail::compat
+
+// ---- fused RMSNorm with its backward ----------------------------------------------------------
+// at::_fused_rms_norm (one CUDA kernel forward, one backward; torch.nn.functional.rms_norm's CUDA
+// path) from LibTorch 2.10; model/layers.hpp uses it where a norm records autograd on CUDA.
+#if HYBRIDRL_TORCH_MAJOR > 2 || (HYBRIDRL_TORCH_MAJOR == 2 && HYBRIDRL_TORCH_MINOR >= 10)
+#define HYBRIDRL_HAS_FUSED_RMS_NORM 1
+#else
+#define HYBRIDRL_HAS_FUSED_RMS_NORM 0
+#endif
+
+namespace hybridrl::detail::compat {
+
+/// `weight * x / sqrt(mean(x²) + eps)` over the last dimension in one kernel (fp32 inside, one
+/// rounding to x's dtype), differentiable; undefined where LibTorch has no fused kernel (before
+/// 2.10) — the caller computes it eagerly.
+inline at::Tensor fused_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+#if HYBRIDRL_HAS_FUSED_RMS_NORM
+  return std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, weight, eps));
+#else
+  (void)x, (void)weight, (void)eps;
+  return {};
+#endif
+}
 
 }  // namespace hybridrl::detail::compat
 

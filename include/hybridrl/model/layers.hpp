@@ -39,6 +39,11 @@ class RMSNormImpl : public torch::nn::Module {
   /// Normalised `x` ([..., dim]).
   at::Tensor forward(const at::Tensor& x) {
     if (auto fused = fused::rms_norm(x, weight, eps_); fused.defined()) return fused;  // inference on CUDA
+    if (x.is_cuda() && c10::GradMode::is_enabled() && fused::enabled() && x.scalar_type() == weight.scalar_type()) {
+      // training on CUDA: LibTorch's fused kernel and its backward (one rounding of
+      // weight · x · rstd instead of two: within one unit in the last place of the eager ops)
+      if (auto fused = detail::compat::fused_rms_norm(x, weight, eps_); fused.defined()) return fused;
+    }
     auto h = x.to(at::kFloat);
     h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps_);
     return weight * h.to(x.scalar_type());
@@ -88,6 +93,13 @@ inline std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq
 
 /// Applies rotary embeddings to `x` [B, heads, T, D] with cos/sin [B, T, D] (HF's rotate_half form).
 inline at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto half = x.size(-1) / 2;
+  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+/// apply_rope for tokens in rows: x [N, heads, D], cos / sin [N, D].
+inline at::Tensor apply_rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const auto half = x.size(-1) / 2;
   auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
@@ -185,22 +197,47 @@ class AttentionImpl : public torch::nn::Module {
   /// Self-attention of `x` under `ctx` (layer index `layer`); with `ctx.attention` the caller does
   /// the attention (KV cache).
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0) {
-    auto [q, k, v] = project(x, ctx.cos, ctx.sin);
 #if HYBRIDRL_HAS_VARLEN_FLASH
-    if (ctx.varlen && !ctx.attention) {  // packed sequences, one row: [1, H, N, D] -> [N, H, D]
-      const auto& vl = *ctx.varlen;
-      auto a = detail::compat::varlen_flash_attention(
-          q[0].transpose(0, 1).to(vl.dtype).contiguous(), k[0].transpose(0, 1).to(vl.dtype).contiguous(),
-          v[0].transpose(0, 1).to(vl.dtype).contiguous(),
-          vl.cu_seqlens, vl.cu_seqlens, vl.max_seqlen, vl.max_seqlen, 1.0 / std::sqrt(static_cast<double>(head_dim_)),
-          vl.window);
-      return output(a.transpose(0, 1).unsqueeze(0));
-    }
+    if (ctx.varlen && !ctx.attention) return forward_varlen(x, ctx);
 #endif
+    auto [q, k, v] = project(x, ctx.cos, ctx.sin);
     auto a = ctx.attention ? ctx.attention(layer, q, k, v)
                            : attend(q, k, v, ctx.mask, ctx.causal && !ctx.mask.defined());
     return output(a);
   }
+
+#if HYBRIDRL_HAS_VARLEN_FLASH
+  /// Packed sequences in one row (`ctx.varlen`; x [1, N, hidden]): q, k, v stay [N, heads, D] from
+  /// the projections to FlashAttention-2's varlen kernel and back to o_proj — no transpose, no
+  /// copy to make them contiguous; the rotary is one kernel with its backward on CUDA.
+  at::Tensor forward_varlen(const at::Tensor& x, const LayerContext& ctx) {
+    const auto& vl = *ctx.varlen;
+    const auto N = x.size(1);
+    at::Tensor q, k, v;
+    if (qkv_weight_.defined() && fused::applies(x) && x.scalar_type() == qkv_weight_.scalar_type() &&
+        ctx.cos.scalar_type() == x.scalar_type() && fused_still_shared()) {
+      auto [fq, fk, fv] = fused::qkv_rope(at::linear(x, qkv_weight_, qkv_bias_), heads_, kv_heads_, head_dim_, ctx.cos,
+                                          ctx.sin);  // inference: one GEMM, one kernel; [1, N, heads, D]
+      if (fq.defined()) q = fq[0], k = fk[0], v = fv[0];
+    }
+    if (!q.defined()) {
+      q = q_proj(x).view({N, heads_, head_dim_});
+      k = k_proj(x).view({N, kv_heads_, head_dim_});
+      v = v_proj(x).view({N, kv_heads_, head_dim_});
+      const auto cos = ctx.cos[0], sin = ctx.sin[0];  // [N, D]
+      auto [rq, rk] = fused::rope(q, k, cos, sin);
+      if (rq.defined()) {
+        q = rq, k = rk;
+      } else {
+        q = apply_rope_rows(q, cos, sin), k = apply_rope_rows(k, cos, sin);
+      }
+    }
+    auto a = detail::compat::varlen_flash_attention(q.to(vl.dtype), k.to(vl.dtype), v.to(vl.dtype), vl.cu_seqlens,
+                                                    vl.cu_seqlens, vl.max_seqlen, vl.max_seqlen,
+                                                    1.0 / std::sqrt(static_cast<double>(head_dim_)), vl.window);
+    return o_proj(a.view({1, N, heads_ * head_dim_}));
+  }
+#endif
 
   /// For inference: makes q_proj, k_proj and v_proj's weights (and biases) slices of one
   /// [(H + 2 Hkv) D, hidden] tensor, so a forward where the fused kernels apply runs one GEMM for

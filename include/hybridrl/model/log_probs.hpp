@@ -2,8 +2,10 @@
 /// \file
 /// Per-token log-probs and entropies of a causal LM, computed `chunk_size` positions at a time in
 /// fp32 so the full [B, T, V] logits never exist (each chunk is activation-checkpointed, so neither
-/// does backward keep them). Under tensor parallelism the logits stay vocabulary-sharded: the
-/// softmax normaliser is a max and a sum all-reduce over the group, never a gather of [B, T, V].
+/// does backward keep them); on CUDA one fused kernel per chunk reads the logits once, in their
+/// dtype, and the backward writes their gradient once (cuda/fused.hpp's token_log_prob). Under
+/// tensor parallelism the logits stay vocabulary-sharded: the softmax normaliser is a max and a
+/// sum all-reduce over the group, never a gather of [B, T, V].
 ///
 /// Alignment (core/keys.hpp): token_log_probs has the shape of input_ids and entry t is
 /// log p(token t | tokens < t); column 0 is 0 (the first token is not predicted). So
@@ -23,6 +25,7 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
+#include "hybridrl/cuda/fused.hpp"
 #include "hybridrl/model/activation_checkpoint.hpp"
 #include "hybridrl/model/causal_lm.hpp"
 #include "hybridrl/model/parallel.hpp"
@@ -109,6 +112,16 @@ inline TokenLogProbs chunked_log_probs(const at::Tensor& hidden, const at::Tenso
     auto lab = labels.narrow(1, t0, n).to(hidden.device()).to(at::kLong).unsqueeze(-1);
     auto fn = [weight, lab, temp, ent, pc, vocab_start](const at::Tensor& h) {
       auto logits = at::linear(copy_to_tp(h, pc), weight);
+      if (!pc.sharded()) {  // on CUDA: one kernel per row, nothing [tokens, vocab] in fp32 (cuda/fused.hpp)
+        const auto V = logits.size(-1);
+        auto [lp, en] = fused::token_log_prob(logits.reshape({-1, V}), lab.reshape({-1}), temp, ent);
+        if (lp.defined()) {
+          auto shape = lab.sizes().vec();  // [B, n, 1]
+          if (!ent) return lp.view(shape);
+          shape.back() = 2;
+          return at::stack({lp, en}, -1).view(shape);
+        }
+      }
       logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));  // fp32 at least
       if (temp != 1.0) logits = logits / temp;
       return log_prob_columns(logits, lab, ent, pc, vocab_start);
