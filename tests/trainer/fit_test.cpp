@@ -319,6 +319,49 @@ TEST_SUITE("trainer/fit") {
     CHECK(steps[2]["skipped_step"] == 0.0);
     CHECK(steps[2].count("grad_norm") == 1);
   }
+  TEST_CASE("GRPO on-policy: old log-probs from the update's forward give the separate pass's training and metrics") {
+    FitTempDir tmp("grpo_onpolicy");
+    auto prompts = fixture_prompts(tmp.path);
+    auto reward = [](std::span<const RewardInput> in) {
+      std::vector<double> out;
+      for (const auto& x : in) out.push_back(share_in_band(x, 100));
+      return out;
+    };
+    auto run = [&](bool from_update, auto tweak) {
+      std::vector<std::map<std::string, double>> steps;
+      FitParts parts;
+      parts.progress = nullptr;
+      parts.on_step = [&](int64_t, const std::map<std::string, double>& m) { steps.push_back(m); };
+      auto o = grpo_options(3);
+      o.geometry().old_log_probs_from_update(from_update);
+      tweak(o);
+      auto policy = fit_fixture_model();
+      FitGRPO(o).fit(policy, prompts, reward, parts);
+      std::vector<at::Tensor> w;
+      for (const auto& p : policy->parameters()) w.push_back(p.detach().clone());
+      return std::pair{steps, w};
+    };
+    auto same = [](auto&) {};
+    const auto [reused, w_reused] = run(true, same);
+    const auto [pass, w_pass] = run(false, same);
+    REQUIRE(reused.size() == 3);
+    REQUIRE(pass.size() == 3);
+    for (size_t s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      CHECK(reused[s].at("old_log_probs_from_update") == 1.0);
+      CHECK(pass[s].at("old_log_probs_from_update") == 0.0);
+      for (const char* k : {"kl", "entropy", "grad_norm", "reward_mean", "rollout/log_prob_diff", "rollout/ratio_mean"}) {
+        CAPTURE(k);
+        CHECK(reused[s].at(k) == doctest::Approx(pass[s].at(k)).epsilon(1e-5).scale(1e-6));
+      }
+    }
+    for (size_t i = 0; i < w_pass.size(); ++i) CHECK((w_reused[i] - w_pass[i]).abs().max().item<double>() <= 1e-5);
+    // two mini-batches: the policy moves between them, so the separate pass runs
+    const auto [two, w_two] = run(true, [](auto& o) { o.geometry().ppo_mini_batch_size(2); });
+    (void)w_two;
+    CHECK(two[0].at("old_log_probs_from_update") == 0.0);
+  }
+
   TEST_CASE("SFT: the first step's loss is the completion tokens' mean negative log-likelihood; training lowers it") {
     using FitSFT = SFTTrainer;  // Loader<Packed>, as `hybridrl train` runs it
     FitTempDir tmp("sft");

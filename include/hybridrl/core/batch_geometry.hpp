@@ -75,6 +75,10 @@ struct BatchGeometry {
   HYBRIDRL_ARG(int64_t, sequence_parallel_size) = 1;
   /// Passes over each step's batch (verl's ppo_epochs): a loop count of the fit loop.
   HYBRIDRL_ARG(int64_t, ppo_epochs) = 1;
+  /// On-policy steps (one epoch of one mini-batch) take the old log-probs from the update's own
+  /// forward, detached, instead of a separate no-grad pass over the batch (docs/training.md);
+  /// false: always the separate pass (verl's behaviour).
+  HYBRIDRL_ARG(bool, old_log_probs_from_update) = true;
   /// Training ranks (GPUs). Not a configuration key: read from the process group.
   HYBRIDRL_ARG(int64_t, world_size) = 1;
   /// Tensor-parallel size of the generation engine; divides world_size. Not a configuration key:
@@ -86,7 +90,8 @@ struct BatchGeometry {
   HYBRIDRL_ARG(int64_t, model_parallel_size) = 1;
 
   HYBRIDRL_FIELDS(ppo_mini_batch_size, micro_batch_size_per_gpu, sequence_parallel_size, ppo_epochs,
-                  adaptive_micro_batch, micro_batch_memory_fraction, max_tokens_per_micro_batch)
+                  adaptive_micro_batch, micro_batch_memory_fraction, max_tokens_per_micro_batch,
+                  old_log_probs_from_update)
 
   /// Ranks that see different data during training.
   [[nodiscard]] int64_t data_parallel_size() const {

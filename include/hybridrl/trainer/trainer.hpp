@@ -61,14 +61,16 @@ namespace hybridrl {
 namespace detail {
 
 /// A step's metrics over the ranks of `comm` (collective; every rank has the same keys): times,
-/// memory and keys ending in `_max` the largest over ranks, keys ending in `_min` the smallest,
+/// memory, geometry/ and keys ending in `_max` the largest over ranks, keys ending in `_min` the smallest,
 /// tokens_per_s the sum, the rest the mean.
 inline void reduce_metrics(std::map<std::string, double>& m, Communicator& comm) {
   auto ends_with = [](const std::string& k, std::string_view tail) {
     return k.size() >= tail.size() && k.compare(k.size() - tail.size(), tail.size(), tail) == 0;
   };
   auto kind = [&](const std::string& k) {
-    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || ends_with(k, "_max")) return 1;
+    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("geometry/", 0) == 0 || ends_with(k, "_max")) {
+      return 1;
+    }
     if (ends_with(k, "_min")) return 3;  // the smallest: the largest of the negated values
     return k == "tokens_per_s" ? 2 : 0;
   };
@@ -774,14 +776,16 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   };
   // one gradient-accumulation pass over a mini-batch's micro-batches: score `keys` with `forward`,
   // check the loss's `needs`, the loss, its backward; `each` takes every micro-batch's LossOutput
+  // (`scored` sees each micro-batch once its keys are scored, before the loss reads them)
   auto accumulate = [&](const TensorBatch& mini, const std::vector<ScoredKey>& keys, const auto& forward,
                         const std::vector<Key>& needs, const char* what, const auto& loss_of, const auto& backward,
-                        const auto& each) {
+                        const auto& each, const auto& scored) {
     auto micros = micro_batches(mini, MicroPass::update);
     for (size_t i = 0; i < micros.size(); ++i) {
       auto& micro = micros[i];
       each(measured(MicroPass::update, i, micro, [&] {
         for (auto& [k, x] : score_micro(micro, keys, forward)) micro.set(k, x);
+        scored(micro);
         micro.require(needs, what);
         auto out = loss_of(micro);
         backward(out.loss);
@@ -1027,9 +1031,31 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     result.last_checkpoint = saver->save(step, tensors, meta, config_to_json(policy->config()));
   };
   const int64_t mini_rows = std::max<int64_t>(1, g.mini_batch_sequences_per_rank());
-  const auto loss_keys = scored_keys(KeySource::policy, {reads});
+  // On-policy steps (one epoch of one mini-batch) take the old log-probs from the update's own
+  // forward, detached: the policy has not moved when it runs, so a separate no-grad pass would
+  // compute the same values (bf16 noise aside) for another forward over the batch — as TRL's
+  // GRPO does with num_iterations = 1. Only where the loss reads them and nothing before the
+  // update does (PPO's KL-in-reward reads them in the advantages: the pass runs there).
+  auto reads_old = [](const std::vector<Key>& ks) {
+    return std::any_of(ks.begin(), ks.end(), [](const Key& k) { return k.name == keys::old_log_probs.name; });
+  };
+  const bool old_from_update_here = has_rollout && g.old_log_probs_from_update() && g.ppo_epochs() == 1 &&
+                                    reads_old(reads) && !reads_old(advantage_reads) && !reads_old(prepares);
+  const auto loss_keys = scored_keys(
+      KeySource::policy, {reads, old_from_update_here ? std::vector<Key>{keys::log_probs, keys::entropy} : std::vector<Key>{}});
   const auto prepare_keys = scored_keys(KeySource::policy, {prepares});
   auto engine_forward = [&engine](const TensorBatch& rows) { return engine.forward(rows); };
+  // the update's forward; on-policy it is also asked for the entropy (the step's `entropy`
+  // metric), which an engine that does not compute it leaves out of the metrics
+  bool no_entropy = false;
+  auto update_forward = [&engine, &no_entropy, old_from_update_here](const TensorBatch& rows) {
+    auto out = engine.forward(rows);
+    if (old_from_update_here && !out.has_tensor(keys::entropy.str())) {
+      no_entropy = true;
+      out.set(keys::entropy, at::zeros_like(out.tensor(keys::log_probs)));
+    }
+    return out;
+  };
   std::vector<Key> value_reads;
   std::vector<ScoredKey> value_keys;
   if constexpr (has_critic) {
@@ -1159,11 +1185,30 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       if (device.is_cuda()) torch::cuda::synchronize(device.index());
       t_ref = std::chrono::duration<double>(clock::now() - r0).count();
     }
+    const bool update_policy = !has_critic || step > o.critic().warmup_steps();  // the critic's warm-up first
+    const bool old_from_update = train && update_policy && old_from_update_here && batch.size() <= mini_rows;
+    // the metrics of the old log-probs (and entropies, when scored) of `batch`'s rows
+    auto old_log_prob_metrics = [&](const std::vector<at::Tensor>& lps, const std::vector<at::Tensor>& ents) {
+      batch.set(keys::old_log_probs, at::cat(lps));
+      const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
+      const auto n = mask.sum().clamp_min(1.0);
+      if (!ents.empty()) m["entropy"] = (at::cat(ents) * mask).sum().div(n).template item<double>();
+      // how far the engine's log-probs are from the trainer's under the same weights
+      for (const auto& [k, v] : rollout_agreement_metrics(batch.tensor(keys::rollout_log_probs),
+                                                          batch.tensor(keys::old_log_probs), mask)) {
+        m[k] = v;
+      }
+      if (batch.has_tensor(keys::ref_log_probs.str())) {
+        m["kl"] = ((batch.tensor(keys::old_log_probs) - batch.tensor(keys::ref_log_probs)) * mask)
+                      .sum().div(n).template item<double>();
+      }
+    };
+    std::vector<at::Tensor> update_lps, update_ents;  // on-policy: the update forward's, detached
     if constexpr (has_rollout) {
       if (train) {
-        // old log-probs: the policy before this step's updates, without grad
+        // old log-probs: the policy before this step's updates, without grad (on-policy: from the update)
         const auto l0 = clock::now();
-        {
+        if (!old_from_update) {
           c10::NoGradGuard ng;
           std::vector<at::Tensor> lps, ents;
           const auto micros = micro_batches(batch, MicroPass::scoring);
@@ -1173,21 +1218,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
             lps.push_back(scored.tensor(keys::log_probs).to(at::kFloat));
             if (scored.has_tensor(keys::entropy.str())) ents.push_back(scored.tensor(keys::entropy).to(at::kFloat));
           }
-          batch.set(keys::old_log_probs, at::cat(lps));
-          const auto mask = batch.tensor(keys::response_mask).to(at::kFloat);
-          const auto n = mask.sum().clamp_min(1.0);
-          if (!ents.empty()) m["entropy"] = (at::cat(ents) * mask).sum().div(n).template item<double>();
-          // how far the engine's log-probs are from the trainer's under the same weights
-          for (const auto& [k, v] : rollout_agreement_metrics(batch.tensor(keys::rollout_log_probs),
-                                                              batch.tensor(keys::old_log_probs), mask)) {
-            m[k] = v;
-          }
-          if (batch.has_tensor(keys::ref_log_probs.str())) {
-            m["kl"] = ((batch.tensor(keys::old_log_probs) - batch.tensor(keys::ref_log_probs)) * mask)
-                          .sum().div(n).template item<double>();
-          }
+          old_log_prob_metrics(lps, ents);
         }
         m["time/old_log_prob"] = std::chrono::duration<double>(clock::now() - l0).count();
+        m["old_log_probs_from_update"] = old_from_update ? 1.0 : 0.0;
         if constexpr (has_critic) {  // the critic's values before this step's updates
           const auto v0 = clock::now();
           c10::NoGradGuard ng;
@@ -1229,8 +1263,6 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     std::map<std::string, double> sums, critic_sums;  // each mini-batch's metrics, averaged over the updates
     double loss_sum = 0, grad_sum = 0, lr = 0, critic_grad_sum = 0, critic_lr = 0;
     int64_t updates = 0, skipped = 0, critic_updates = 0;
-    // the policy waits for the critic's warm-up steps (critic.warmup_steps)
-    const bool update_policy = !has_critic || step > o.critic().warmup_steps();
     for (int64_t epoch = 0; epoch < g.ppo_epochs() && train; ++epoch) {
       for (auto& mini : batch.split(mini_rows)) {
         LossCounts counts;
@@ -1252,7 +1284,8 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
           accumulate(
               mini, value_keys, critic_forward, value_reads, "the algorithm's value_loss",
               [&](const TensorBatch& micro) { return algorithm_type::value_loss(micro, o.algorithm(), state, counts); },
-              [&](const at::Tensor& loss) { critic->backward(loss); }, [&](const LossOutput& out) { agg.add(out); });
+              [&](const at::Tensor& loss) { critic->backward(loss); }, [&](const LossOutput& out) { agg.add(out); },
+              [](TensorBatch&) {});
           critic_grad_sum += critic->step().template item<double>();
           critic_lr = critic->last_step().lr;
           for (const auto& [name, v] : agg.result(dp_comm.get())) critic_sums[name] += v;
@@ -1277,12 +1310,19 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         at::Tensor mini_loss = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
         MetricAggregator agg;
         accumulate(
-            mini, loss_keys, engine_forward, reads, "the algorithm's loss",
+            mini, loss_keys, update_forward, reads, "the algorithm's loss",
             [&](const TensorBatch& micro) { return algorithm_type::loss(micro, o.algorithm(), state, counts); },
             [&](const at::Tensor& loss) { engine.backward(loss); },
             [&](const LossOutput& out) {
               mini_loss = mini_loss + out.loss.detach().to(at::kDouble);
               agg.add(out);
+            },
+            [&](TensorBatch& micro) {
+              if (!old_from_update) return;
+              auto lp = micro.tensor(keys::log_probs).detach().to(at::kFloat);
+              micro.set(keys::old_log_probs, lp);
+              update_lps.push_back(lp);
+              if (!no_entropy) update_ents.push_back(micro.tensor(keys::entropy).detach().to(at::kFloat));
             });
         const auto norm = engine.step();
         const auto& last = engine.last_step();
@@ -1293,6 +1333,10 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         grad_sum += norm.template item<double>();
         ++updates;
       }
+    }
+    if (old_from_update && !update_lps.empty()) {
+      c10::NoGradGuard ng;
+      old_log_prob_metrics(update_lps, no_entropy ? std::vector<at::Tensor>{} : update_ents);
     }
     if (train) algorithm_type::after_step(batch, o.algorithm(), state, dp_comm.get());
     const double t_update = std::chrono::duration<double>(clock::now() - u0).count();
@@ -1329,7 +1373,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     const auto mem = detail::memory_use(device);
     m["memory/allocated_gb"] = mem.allocated_gb;
     m["memory/reserved_gb"] = mem.reserved_gb;
-    for (const auto& [k, v] : micro_sizes) m[k] = v;
+    // both keys on every rank (0: no such pass this step — an on-policy step on a rank that scores
+    // nothing for others), so the ranks' metrics line up for their reduction
+    for (const char* k : {"geometry/micro_batch_scoring", "geometry/micro_batch_update"}) m[k] = micro_sizes[k];
     m["memory/peak_gb"] = device.is_cuda() ? std::max(step_peak, mem.peak_gb) : mem.peak_gb;
     if constexpr (requires { engine.local_parameter_elements(); }) {
       // what a rank stores of the policy (its parameters, gradients and AdamW moments are each
