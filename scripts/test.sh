@@ -4,8 +4,38 @@
 #   BUILD_DIR=build-x ./scripts/test.sh
 #   CTEST_ARGS="-L core" ./scripts/test.sh
 #   SKIP_TESTS=1 ./scripts/test.sh    # install, configure and build only
+#   ./scripts/test.sh --sanitize      # AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
+#   ./scripts/test.sh --tsan          # ThreadSanitizer on the threaded parts, in build-tsan/
+#   TARGETS="core_tests io_tests" ./scripts/test.sh --sanitize   # build (and run) only these
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+sanitize=
+case "${1:-}" in
+  --sanitize) sanitize=address,undefined ;;
+  --tsan) sanitize=thread ;;
+  "") ;;
+  *) echo "usage: $0 [--sanitize | --tsan]" >&2; exit 2 ;;
+esac
+if [[ $sanitize == thread ]]; then
+  BUILD_DIR=${BUILD_DIR:-build-tsan}
+  # the threaded parts: the prefetcher (data), the thread communicator and its users
+  # (distributed, sharding), the paged scheduler (rollout)
+  TARGETS=${TARGETS:-data_tests distributed_tests rollout_tests}
+elif [[ -n $sanitize ]]; then
+  BUILD_DIR=${BUILD_DIR:-build-asan}
+fi
+if [[ -n $sanitize ]]; then
+  CMAKE_ARGS="-DHYBRIDRL_SANITIZE=$sanitize ${CMAKE_ARGS:-}"
+  supp=$PWD/cmake/sanitizers
+  # a finding fails the test: abort with a report; leaks are findings too
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}
+  export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$supp/lsan.supp:print_suppressions=0}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp}
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp}
+  # LibTorch's intra-op pool (OpenMP) is not instrumented: one thread keeps TSan to our threads
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+fi
 
 BUILD_DIR=${BUILD_DIR:-build}
 BUILD_TYPE=${BUILD_TYPE:-Release}
@@ -14,7 +44,7 @@ JOBS=${JOBS:-$(nproc)}
 packages=(
   g++ cmake ninja-build ccache pkg-config
   libtorch-dev libgloo-dev libeigen3-dev librange-v3-dev doctest-dev libbenchmark-dev
-  nlohmann-json3-dev libfmt-dev libsentencepiece-dev libyaml-cpp-dev libcli11-dev libpcre2-dev libicu-dev
+  nlohmann-json3-dev libfmt-dev libsentencepiece-dev libyaml-cpp-dev libcli11-dev libpcre2-dev libicu-dev libxxhash-dev
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -36,8 +66,28 @@ echo "== configure ($BUILD_DIR, $BUILD_TYPE)"
 # HYBRIDRL_WERROR: a warning in our own code fails the build (CI runs this script).
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DHYBRIDRL_WERROR=${HYBRIDRL_WERROR:-ON} ${CMAKE_ARGS:-}
 echo "== build"
-cmake --build "$BUILD_DIR" -j "$JOBS"
+if [[ -n "${TARGETS:-}" ]]; then
+  # shellcheck disable=SC2086
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target ${TARGETS}
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi
 if [[ -n "${SKIP_TESTS:-}" ]]; then exit 0; fi  # set-up and build only (scripts/demo.sh)
 echo "== test"
 # Convergence runs carry the label 'slow' and stay out of the default run.
+if [[ -n $sanitize ]]; then
+  # compile-only checks (compile_fail, headers) and the install-and-build-a-consumer tests
+  # (downstream) run no code of ours: the sanitizers have nothing to watch there
+  exclude="slow|compile_fail|headers|downstream"
+  if [[ -n "${TARGETS:-}" ]]; then
+    # only the suites built: "core_tests io_tests" runs ctest entries core and io
+    only=$(echo "${TARGETS}" | tr ' ' '\n' | sed -n 's/_tests$//p' | paste -sd'|')
+    # shellcheck disable=SC2086
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -R "^(${only})$" -LE "$exclude" ${CTEST_ARGS:-}
+  else
+    # shellcheck disable=SC2086
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -LE "$exclude" ${CTEST_ARGS:-}
+  fi
+  exit 0
+fi
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -LE slow ${CTEST_ARGS:-}

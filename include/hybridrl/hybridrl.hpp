@@ -19,6 +19,7 @@
 #include "hybridrl/data/data.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
 #include "hybridrl/io/atomic_file.hpp"
+#include "hybridrl/io/fault.hpp"
 #include "hybridrl/io/json.hpp"
 #include "hybridrl/io/svg_plot.hpp"
 #include "hybridrl/io/tensorboard.hpp"

@@ -116,7 +116,8 @@ execute_process(
 string(TIMESTAMP t1 "%s")
 math(EXPR took "${t1} - ${t0}")
 list(GET rcs 1 rc0)
-if(NOT rc0 EQUAL 1 OR NOT err MATCHES "over gloo failed" OR NOT err MATCHES "step [0-9]+/100000")
+if(NOT rc0 EQUAL 1 OR NOT err MATCHES "over gloo failed" OR NOT err MATCHES "step [0-9]+/100000"
+   OR NOT err MATCHES "rank 1 sent no report within [0-9.]+ s of this failure: stalled or died")
   message(FATAL_ERROR "a peer killed mid-run: expected rank 0 to exit 1 with the collective's Error after some "
     "steps (results ${rcs}, ${took} s): ${err}")
 endif()
@@ -234,3 +235,29 @@ if(NOT rc EQUAL 0 OR NOT err MATCHES "done, 3 steps \\(resumed from step 2\\)")
   message(FATAL_ERROR "one process did not resume the TP3D run's checkpoint (${rc}): ${err}")
 endif()
 message(STATUS "sharding.name=tp3d: PPO on a tensor-parallel pair, resumed on one process")
+
+# 5. a peer that stalls (SIGSTOP after 8 s, SIGKILL 10 s later, from a shell: timeout -s STOP
+# never sends its -k KILL to a stopped child): rank 0 waits in a collective for
+# distributed.timeout_s = 5, then ends with an Error naming rank 1, before rank 1 is killed.
+string(RANDOM LENGTH 4 ALPHABET 123456789 r)
+math(EXPR port "20000 + ${r} % 20000")
+set(env_common WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=${port})
+string(TIMESTAMP t0 "%s")
+execute_process(
+  COMMAND sh -c "\"$0\" \"$@\" & pid=$!; sleep 8; kill -STOP $pid; sleep 10; kill -KILL $pid; wait $pid"
+    env RANK=1 LOCAL_RANK=1 ${env_common}
+    ${EXE} train ${args} trainer.output_dir=${WORK}/stalled trainer.total_steps=100000 loader.epochs=0 trainer.save_every=0
+    distributed.timeout_s=5 distributed.store_timeout_s=60
+  COMMAND ${CMAKE_COMMAND} -E env RANK=0 LOCAL_RANK=0 ${env_common}
+    ${EXE} train ${args} trainer.output_dir=${WORK}/stalled trainer.total_steps=100000 loader.epochs=0 trainer.save_every=0
+    distributed.timeout_s=5 distributed.store_timeout_s=60
+  RESULTS_VARIABLE rcs OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+string(TIMESTAMP t1 "%s")
+math(EXPR took "${t1} - ${t0}")
+list(GET rcs 1 rc0)
+if(NOT rc0 EQUAL 1 OR NOT err MATCHES "over gloo failed"
+   OR NOT err MATCHES "rank 1 sent no report within 0.5 s of this failure: stalled or died before collective #[0-9]+")
+  message(FATAL_ERROR "a stalled peer: expected rank 0 to exit 1 naming rank 1 (results ${rcs}, ${took} s): ${err}")
+endif()
+string(REGEX MATCH "[^\n]*over gloo failed[^\n]*" said "${err}")
+message(STATUS "a stalled peer: rank 0 stopped within ${took} s of the start (rank 1 stopped at 8 s): ${said}")

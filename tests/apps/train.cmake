@@ -18,7 +18,8 @@
 #   the first step's loss is ln 2 (policy = reference); data.train_files as a bare list on the
 #   command line.
 # errors: a mistyped key names the nearest one; an unknown algorithm and a run without data are
-#   refused with exit 1 before any model is loaded.
+#   refused with exit 1 before any model is loaded; the configuration mistakes of docs/reliability.md
+#   ("Bad configuration") that `hybridrl train` itself checks are refused with exit 1 and their message.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 if(NOT DEFINED SUBCOMMAND)
@@ -259,6 +260,40 @@ elseif(MODE STREQUAL "errors")
   if(NOT rc EQUAL 1)
     message(FATAL_ERROR "a missing checkpoint: exit ${rc}, ${err}")
   endif()
+  # configuration mistakes (docs/reliability.md, "Bad configuration"): exit 1 with the message
+  set(tiny task.name=reverse model.init=tiny trainer.save_model=false data.train_batch_size=2 rollout.n=2
+    rollout.max_new_tokens=4 geometry.ppo_mini_batch_size=2 geometry.micro_batch_size_per_gpu=4 trainer.total_steps=1)
+  function(refused what pattern)
+    run_train(rc err ${ARGN})
+    if(NOT rc EQUAL 1 OR NOT err MATCHES "${pattern}")
+      message(FATAL_ERROR "${what}: exit ${rc}, ${err}")
+    endif()
+  endfunction()
+  refused("verl's global micro-batch key" "did you mean geometry.micro_batch_size_per_gpu\\? \\(verl's actor_rollout_ref.actor.ppo_micro_batch_size: it counts sequences over all GPUs"
+    ${tiny} actor_rollout_ref.actor.ppo_micro_batch_size=64)
+  refused("a micro-batch larger than the mini-batch" "geometry.micro_batch_size_per_gpu 8 is larger than a rank's mini-batch"
+    ${tiny} geometry.micro_batch_size_per_gpu=8)
+  refused("an integer dtype" "model.dtype = int64 is not a floating-point type" ${tiny} model.dtype=int64)
+  refused("a device this process does not see" "model.device = cuda:99 but this process sees" ${tiny} model.device=cuda:99)
+  refused("nccl on the CPU" "distributed.backend = nccl but model.device = cpu" ${tiny} distributed.backend=nccl)
+  # refused before the checkpoint is opened: it does not exist
+  refused("an unknown reward" "reward \"nonsense\" is not a built-in reward" ${tiny} model.init= model.path=${WORK}/nowhere reward.name=nonsense)
+  refused("prompt + response past the context" "data.max_prompt_length \\+ rollout.max_new_tokens = 200 \\+ 100 = 300 exceeds the model's max_position_embeddings = 256"
+    ${tiny} data.max_prompt_length=200 rollout.max_new_tokens=100)
+  refused("a KV pool too small for one sequence" "rollout.kv_cache_tokens = 8 holds 1 KV block\\(s\\) of 16 tokens"
+    ${tiny} rollout.kv_cache_tokens=8)
+  refused("an endless online run" "trainer.total_steps = 0 with loader.epochs = 0 \\(endless\\) gives no end"
+    ${tiny} trainer.total_steps=0 loader.epochs=0)
+  refused("more steps than the epochs hold" "trainer.total_steps = 1000 but loader.epochs = 1 hold 256 batches"
+    ${tiny} trainer.total_steps=1000)
+  refused("a missing data file" "cannot open data.train_files entry '${WORK}/missing.jsonl'"
+    ${tiny} task.name= data.train_files=[${WORK}/missing.jsonl])
+  run_train(rc err ${tiny} trainer.output_dir=${WORK}/earlier)  # a run whose checkpoint is there
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the tiny run failed (${rc}): ${err}")
+  endif()
+  refused("trainer.resume=never over an earlier run" "trainer.resume = never but '${WORK}/earlier/checkpoints' holds checkpoints of an earlier run"
+    ${tiny} trainer.output_dir=${WORK}/earlier trainer.resume=never)
 else()
   message(FATAL_ERROR "unknown MODE ${MODE}")
 endif()

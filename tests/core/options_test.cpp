@@ -259,7 +259,7 @@ inner:
     CHECK(config_keys<BatchGeometry>() ==
           std::vector<std::string>{"ppo_mini_batch_size", "micro_batch_size_per_gpu", "sequence_parallel_size",
                                    "ppo_epochs", "adaptive_micro_batch", "micro_batch_memory_fraction",
-                                   "max_tokens_per_micro_batch"});
+                                   "max_tokens_per_micro_batch", "old_log_probs_from_update"});
     // sampling: every field is a key (rollout.seed; a Trainer derives it from its run seed)
     CHECK(config_keys<SamplingOptions>() ==
           std::vector<std::string>{"temperature", "top_k", "top_p", "min_p", "max_new_tokens",
@@ -376,6 +376,10 @@ inner:
     bad.environment = {{"HYBRIDRL_ROLOUT__BLOCK_SIZE", "64"}};
     const auto e = error_of([&] { (void)configure(PagedTrainer::Options{}, bad); });
     CHECK(contains(e, "unknown configuration key rolout.block_size (from environment variable HYBRIDRL_ROLOUT__BLOCK_SIZE); did you mean rollout.block_size?"));
+    // the library's own switches are not keys (HYBRIDRL_FAULT was "unknown configuration key fault")
+    ConfigSources switches;
+    switches.environment = {{"HYBRIDRL_FAULT", "kill:model.safetensors"}, {"HYBRIDRL_FUSED_KERNELS", "0"}};
+    CHECK(error_of([&] { (void)configure(PagedTrainer::Options{}, switches); }) == "(no error)");
 
     // the real process environment
     ::setenv("HYBRIDRL_TESTOPT_ROLLOUT__CUDA_GRAPHS", "false", 1);

@@ -323,3 +323,45 @@ TEST_SUITE("distributed/device_mesh") {
     }
   }
 }
+
+#if HYBRIDRL_TEST_HAS_GLOO
+TEST_SUITE("distributed/communicator") {
+  TEST_CASE("Gloo: a rank that stalls or dies is named by every rank that waited for it, within the timeout") {
+    // 3 ranks, timeout 1 s: rank 2 stalls (sleeps past the timeout) before its second collective;
+    // ranks 0 and 1 wait in it, fail, report, and name rank 2 (not each other)
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<std::string> errors(3);
+    std::vector<double> seconds(3, 0.0);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 3; ++rank) {
+      threads.emplace_back([&, rank] {
+        hybridrl::C10dCommunicator comm(store, rank, 3,
+                                        hybridrl::C10dOptions().backend("gloo").gloo_hostname("127.0.0.1").timeout_s(1));
+        auto t = at::ones({4});
+        comm.all_reduce(t);  // collective #1: every rank
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          comm.all_reduce(t);  // #2: rank 2 never comes
+        } catch (const Error& e) {
+          errors[static_cast<size_t>(rank)] = e.problem();
+        }
+        seconds[static_cast<size_t>(rank)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int rank : {0, 1}) {
+      CAPTURE(rank);
+      const auto& e = errors[static_cast<size_t>(rank)];
+      CHECK(e.find("all_reduce over gloo failed: ") == 0);
+      CHECK(e.find("rank 2 sent no report within 0.2 s of this failure: stalled or died before collective #2 "
+                   "(all_reduce), which this rank was waiting in") != std::string::npos);
+      CHECK(e.find("rank " + std::to_string(1 - rank) + " ") == std::string::npos);  // the other waiter is not named
+      CHECK(seconds[static_cast<size_t>(rank)] < 1.0 + 0.2 + 1.0);  // the timeout, the grace, slack
+    }
+  }
+}
+#endif

@@ -147,6 +147,32 @@ TEST_SUITE("io/atomic_file") {
 }
 
 TEST_SUITE("io/json") {
+  TEST_CASE("HYBRIDRL_FAULT: the fault tests' injection spec parses, and a mistyped one is an Error") {
+    const auto k = io::fault::parse("kill:trainer_state.safetensors:3");
+    CHECK((k.action == io::fault::Action::kill));
+    CHECK(k.path_part == "trainer_state.safetensors");
+    CHECK(k.nth == 3);
+    const auto e = io::fault::parse("enospc:step_00000002/model");
+    CHECK((e.action == io::fault::Action::enospc));
+    CHECK(e.path_part == "step_00000002/model");
+    CHECK(e.nth == 1);
+    const auto err = [](const char* v) {
+      try {
+        (void)io::fault::parse(v);
+      } catch (const Error& x) {
+        return std::string(x.what());
+      }
+      return std::string("(no error)");
+    };
+    CHECK(err("kill").find("has no ':'") != std::string::npos);
+    CHECK(err("crash:x").find("'crash' is not an action") != std::string::npos);
+    CHECK(err("kill:x:0").find("'0' is not a count >= 1") != std::string::npos);
+    CHECK(err("kill:x:2b").find("'2b' is not a count >= 1") != std::string::npos);
+    CHECK(err("enospc::4").find("names no path part") != std::string::npos);
+    // not set in the test's environment: no file gets a fault
+    CHECK_FALSE(io::fault::for_file("/tmp/model.safetensors").has_value());
+  }
+
   TEST_CASE("parse_json: deep nesting, NUL, duplicate keys and 1e400 are errors, not crashes") {
     const std::string deep = std::string(200000, '[') + std::string(200000, ']');
     auto r = io::parse_json(deep);

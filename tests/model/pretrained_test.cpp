@@ -393,6 +393,68 @@ TEST_SUITE("model/pretrained") {
     CHECK(files == 0);  // no temporary left
   }
 
+  TEST_CASE("safetensors checksums: a damaged byte of any tensor is an Error naming the file and the tensor") {
+#if HYBRIDRL_WITH_XXHASH
+    TempDir d("st_sum");
+    std::map<std::string, at::Tensor> t = {{"a", torch::arange(4, at::kFloat)},
+                                           {"b", torch::randn({3, 5}).to(at::kBFloat16)},
+                                           {"c", torch::arange(6)},
+                                           {"empty", torch::zeros({0, 2})}};
+    const auto path = (d.path / "x.safetensors").string();
+    save_safetensors(path, t, {{"format", "pt"}}, /*checksums=*/true);
+    SafetensorsFile f(path);
+    REQUIRE(f.has_checksums());
+    CHECK(f.metadata().at("format") == "pt");
+    // XXH3-64 of float32 [0, 1, 2, 3], from the reference implementation (python xxhash 3.x,
+    // xxh3_64_hexdigest(struct.pack('<4f', 0, 1, 2, 3)))
+    const auto sums = nlohmann::json::parse(f.metadata().at(kChecksumKey));
+    CHECK(sums.at("a") == "0aee2086d517557e");
+    CHECK(sums.at("empty") == "2d06800538d394c2");  // XXH3-64 of no bytes
+    for (const auto& [k, v] : t) CHECK(torch::equal(f.get(k), v));
+    // one bit of each non-empty tensor's bytes, flipped in turn: that tensor is refused by name,
+    // the others still read
+    const auto data_start = [&] {
+      std::ifstream in(path, std::ios::binary);
+      uint64_t n = 0;
+      in.read(reinterpret_cast<char*>(&n), 8);
+      return 8 + n;
+    }();
+    for (const char* name : {"a", "b", "c"}) {
+      CAPTURE(name);
+      const auto& e = f.entry(name);
+      for (const size_t at : {e.begin, e.end - 1}) {
+        std::string bytes = read_file(path);
+        bytes[data_start + at] = static_cast<char>(bytes[data_start + at] ^ 0x01);
+        const auto bad = (d.path / "bad.safetensors").string();
+        std::ofstream(bad, std::ios::binary) << bytes;
+        SafetensorsFile g(bad);
+        const auto err = error_of([&] { (void)g.get(name); });
+        CHECK(err.find("'" + bad + "', tensor '" + name + "'") != std::string::npos);
+        CHECK(err.find("do not match the checksum written with them") != std::string::npos);
+        for (const char* other : {"a", "b", "c"}) {
+          if (std::string(other) != name) CHECK(torch::equal(g.get(other), t.at(other)));
+        }
+      }
+    }
+    // a checksum table that does not cover the tensors, or names another, or is not JSON
+    const auto table = [&](const std::string& value) {
+      const auto p = (d.path / "t.safetensors").string();
+      save_safetensors(p, {{"a", t.at("a")}, {"c", t.at("c")}}, {{kChecksumKey, value}});
+      return error_of([&] { SafetensorsFile x(p); });
+    };
+    CHECK(table(R"({"a": "0aee2086d517557e"})").find("has no checksum of tensor 'c'") != std::string::npos);
+    CHECK(table(R"({"a": "0aee2086d517557e", "c": "0000000000000000", "z": "0000000000000000"})")
+              .find("which is not a tensor of the file") != std::string::npos);
+    CHECK(table(R"({"a": 5, "c": "0000000000000000"})").find("which is not 16 hex digits") != std::string::npos);
+    CHECK(table("[1, 2").find("is not a JSON object") != std::string::npos);
+    // without checksums (Hugging Face files, save_pretrained): read as they are
+    save_safetensors(path, t, {{"format", "pt"}});
+    CHECK_FALSE(SafetensorsFile(path).has_checksums());
+#else
+    MESSAGE("built without xxHash: checkpoints carry no checksums");
+#endif
+  }
+
   TEST_CASE("bad checkpoints: errors name the file and the tensor") {
     SUBCASE("truncated file") {
       auto d = copy_fixture("llama", "trunc");

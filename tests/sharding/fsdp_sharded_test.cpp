@@ -281,14 +281,14 @@ TEST_SUITE("sharding/fsdp_sharded") {
                            [](const std::string& c) {
                              auto j = nlohmann::json::parse(std::ifstream(c + "/trainer_state.json"));
                              j["shards"]["shapes"]["model.model.norm.weight"] = {65};
-                             std::ofstream(c + "/trainer_state.json") << j.dump();
+                             CheckpointManager::write_state_json(c, j);  // re-stamped: the index is checked
                            }),
                    "elements [64, 65) of 'model.model.norm.weight' are in none of its 2 shard files"));
     CHECK(contains(damaged("unlisted",
                            [](const std::string& c) {
                              auto j = nlohmann::json::parse(std::ifstream(c + "/trainer_state.json"));
                              j["shards"]["shapes"].erase("model.model.norm.weight");
-                             std::ofstream(c + "/trainer_state.json") << j.dump();
+                             CheckpointManager::write_state_json(c, j);  // re-stamped: the index is checked
                            }),
                    "a piece of 'model.model.norm.weight', which the index does not list"));
     // another model's shapes: the engine refuses before anything changes

@@ -2,6 +2,7 @@
 // (What must NOT compile is in tests/compile_fail/; here: what must compile and what must be false.)
 
 #include <hybridrl/hybridrl.hpp>
+#include <hybridrl/trainer/run.hpp>
 
 #include <string>
 #include "../support/tensors.hpp"
@@ -165,8 +166,14 @@ TEST_SUITE("trainer/composition") {
                    "60 × 12 = 720 sequences do not split evenly over world_size 7 (720 % 7 = 6)"));
     CHECK(contains(error_of([&] { base().world_size(7).validate(); }), "train_batch_size = 63"));
     CHECK(contains(error_of([&] { base().micro_batch_size_per_gpu(7).validate(); }),
-                   "60 × 12 ÷ 6 = 120 sequences is not a multiple of micro_batch_size_per_gpu 7 (120 % 7 = 1)"));
-    CHECK(contains(error_of([&] { base().ppo_mini_batch_size(25).validate(); }), "60 % 25 = 10"));
+                   "micro_batch_size_per_gpu 7 does not divide a rank's mini-batch of 60 × 12 ÷ 6 = 120 sequences (120 % 7 = 1)"));
+    // verl's "micro-batch larger than mini-batch", named as such
+    const auto larger = error_of([&] { base().micro_batch_size_per_gpu(240).validate(); });
+    CHECK(contains(larger, "micro_batch_size_per_gpu 240 is larger than a rank's mini-batch of ppo_mini_batch_size × "
+                           "rollout_n ÷ data-parallel ranks = 60 × 12 ÷ 6 = 120 sequences"));
+    CHECK(contains(larger, "use micro_batch_size_per_gpu <= 120"));
+    CHECK(contains(error_of([&] { base().ppo_mini_batch_size(25).validate(); }),
+                   "ppo_mini_batch_size 25 does not divide train_batch_size 60 (60 % 25 = 10)"));
     CHECK(contains(error_of([&] { base().ppo_mini_batch_size(61).validate(); }), "larger than train_batch_size"));
     CHECK(contains(error_of([&] { base().rollout_n(1).world_size(8).train_batch_size(64).ppo_mini_batch_size(4).micro_batch_size_per_gpu(1).validate(); }),
                    "4 × 1 = 4 sequences do not split over 8 data-parallel ranks"));
@@ -351,5 +358,159 @@ TEST_SUITE("trainer/presets") {
 #else
     FAIL("HYBRIDRL_EXTERN_PRESETS is not defined: tests/CMakeLists.txt links hybridrl::presets");
 #endif
+  }
+}
+
+// ---- configuration mistakes (docs/reliability.md, "Bad configuration") ----
+TEST_SUITE("trainer/configuration") {
+  TEST_CASE("verl's keys: an unknown key names the key that holds its value here") {
+    RunConfig<GRPOTrainer> cfg;
+    auto hint = [&](const std::string& key) { return error_of([&] { apply_override(cfg, key, "4"); }); };
+    CHECK(contains(hint("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+                   "unknown configuration key actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (from override); "
+                   "did you mean geometry.micro_batch_size_per_gpu? (verl's actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)"));
+    // the global micro-batch: by edit distance it was ppo_mini_batch_size, the other knob
+    const auto global = hint("geometry.ppo_micro_batch_size");
+    CHECK(contains(global, "did you mean geometry.micro_batch_size_per_gpu? (verl's ppo_micro_batch_size: it counts "
+                           "sequences over all GPUs, this key per GPU: divide it by the number of GPUs)"));
+    CHECK(!contains(global, "ppo_mini_batch_size?"));
+    CHECK(contains(hint("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"),
+                   "did you mean geometry.micro_batch_size_per_gpu? (verl's actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu: "
+                   "one micro-batch size serves the scoring and the update passes)"));
+    CHECK(contains(hint("actor_rollout_ref.actor.ppo_mini_batch_size"), "did you mean geometry.ppo_mini_batch_size?"));
+    CHECK(contains(hint("actor_rollout_ref.rollout.n"), "did you mean rollout.n?"));
+    CHECK(contains(hint("actor_rollout_ref.rollout.tensor_model_parallel_size"), "did you mean rollout.tensor_parallel_size?"));
+    CHECK(contains(hint("data.max_response_length"), "did you mean rollout.max_new_tokens?"));  // was data.max_prompt_length
+    CHECK(contains(hint("trainer.total_epochs"), "did you mean loader.epochs?"));              // was trainer.total_steps
+    CHECK(contains(hint("actor_rollout_ref.model.path"), "did you mean model.path?"));
+    // a verl file's table: its first key is named
+    const auto file = error_of([&] {
+      from_json(nlohmann::json{{"actor_rollout_ref", {{"rollout", {{"n", 4}, {"temperature", 1.0}}}}}}, cfg, "verl.json");
+    });
+    CHECK(contains(file, "unknown configuration key actor_rollout_ref.rollout.n (from verl.json); did you mean rollout.n?"));
+    // a key this trainer type lacks is not suggested: Sharding<FSDP> has no tensor_parallel_size, DPO no rollout
+    CHECK(!contains(hint("actor_rollout_ref.actor.megatron.tensor_model_parallel_size"), "sharding.tensor_parallel_size"));
+    RunConfig<TP3DGRPOTrainer> tp;
+    CHECK(contains(error_of([&] { apply_override(tp, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "2"); }),
+                   "did you mean sharding.tensor_parallel_size?"));
+    RunConfig<DPOTrainer> dpo;
+    CHECK(!contains(error_of([&] { apply_override(dpo, "actor_rollout_ref.rollout.n", "4"); }), "rollout.n?"));
+    // typos still get the nearest key
+    CHECK(contains(hint("trainer.totl_steps"), "did you mean trainer.total_steps?"));
+  }
+
+  TEST_CASE("geometry through a Trainer: each message starts with the key to change") {
+    using T = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
+    T::Options o;
+    o.data().train_batch_size(2);
+    o.rollout().n(2);
+    o.geometry().ppo_mini_batch_size(2).micro_batch_size_per_gpu(8);
+    const auto larger = error_of([&] { T(o, 1); });
+    CHECK(contains(larger, "geometry.micro_batch_size_per_gpu 8 is larger than a rank's mini-batch of"));
+    CHECK(contains(larger, "= 2 × 2 ÷ 1 = 4 sequences"));
+    o.data().train_batch_size(3);
+    o.geometry().micro_batch_size_per_gpu(1);
+    CHECK(contains(error_of([&] { T(o, 1); }), "geometry.ppo_mini_batch_size 2 does not divide train_batch_size 3 (3 % 2 = 1)"));
+  }
+
+  TEST_CASE("hybridrl train's checks before anything loads: dtype, device, backend, reward") {
+    auto refused = [](std::vector<std::string> overrides) {
+      overrides.insert(overrides.begin(), {"task.name=reverse", "model.init=tiny"});
+      ConfigSources s;
+      s.overrides = overrides;
+      return error_of([&] { (void)configure_run<GRPOTrainer>(s); });
+    };
+    CHECK(refused({}) == "(no error)");
+    CHECK(contains(refused({"model.dtype=int64"}), "model.dtype = int64 is not a floating-point type"));
+    CHECK(contains(refused({"model.device=mps"}), "model.device = \"mps\" is neither cpu nor cuda"));
+    CHECK(contains(refused({"distributed.backend=nccl"}),
+                   "distributed.backend = nccl but model.device = cpu: NCCL carries CUDA tensors only"));
+    // a device this process does not see (was: c10::Error at the first copy, exit 3)
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    const auto missing = error_of([] { check_device_available("cuda:99", at::kFloat); });
+    CHECK(contains(missing, gpus == 0 ? "model.device = cuda:99 but this process sees no CUDA device"
+                                      : "model.device = cuda:99 but this process sees"));
+    if (gpus == 0) CHECK(contains(error_of([] { check_device_available("cuda", at::kFloat); }), "sees no CUDA device"));
+    CHECK(error_of([] { check_device_available("cpu", at::kFloat); }) == "(no error)");
+    CHECK(error_of([] { check_device_available("cpu", at::kBFloat16); }) == "(no error)");
+    // float16 on a CPU whose LibTorch has no half matmul (1.13: was a c10::Error at the first forward)
+    bool half_mm = true;
+    try {
+      const auto x = at::ones({2, 2}, at::kHalf);
+      (void)at::mm(x, x);
+    } catch (const c10::Error&) {
+      half_mm = false;
+    }
+    const auto half = error_of([] { check_device_available("cpu", at::kHalf); });
+    if (half_mm) {
+      CHECK(half == "(no error)");
+    } else {
+      CHECK(contains(half, "model.dtype = float16 has no matrix multiply on cpu in this LibTorch"));
+      CHECK(contains(half, "use model.dtype=float32 or bfloat16 on the CPU"));
+    }
+    // reward.name: a rule, task, model or the program's own
+    CHECK(contains(error_of([] { check_reward_option(RunRewardOptions{}.name("nonsense")); }),
+                   "reward \"nonsense\" is not a built-in reward"));
+    for (const char* ok : {"", "task", "model", "gsm8k", "exact_match"}) {
+      CAPTURE(ok);
+      CHECK(error_of([&] { check_reward_option(RunRewardOptions{}.name(ok)); }) == "(no error)");
+    }
+    const std::map<std::string, BatchRewardFn> mine{{"mine", batched([](const RewardInput&) { return 0.0; })}};
+    CHECK(error_of([&] { check_reward_option(RunRewardOptions{}.name("mine"), mine); }) == "(no error)");
+  }
+
+  TEST_CASE("what the model cannot hold, from its config.json before the weights load: context, KV pool, heads") {
+    RunConfig<GRPOTrainer> cfg;
+    const auto tiny = tiny_llama_config();  // 256 positions
+    CHECK(error_of([&] { check_run_fits_model(cfg, tiny); }) == "(no error)");  // no prompt limit, pool from memory
+    cfg.run().data().dataset().max_prompt_length(200);
+    cfg.run().rollout().sampling().max_new_tokens(100);
+    const auto context = error_of([&] { check_run_fits_model(cfg, tiny); });
+    CHECK(contains(context, "data.max_prompt_length + rollout.max_new_tokens = 200 + 100 = 300 exceeds the model's "
+                            "max_position_embeddings = 256: the responses of the longest prompts would stop after 56 tokens"));
+    CHECK(contains(context, "add up to at most 256"));
+    cfg.run().rollout().sampling().max_new_tokens(56);
+    CHECK(error_of([&] { check_run_fits_model(cfg, tiny); }) == "(no error)");
+    // the KV pool counts blocks as Rollout<Paged> does (prompt and response, one more for a fork)
+    cfg.run().data().dataset().max_prompt_length(0);
+    cfg.run().rollout().sampling().max_new_tokens(4);
+    cfg.run().rollout().kv_cache_tokens(8);
+    const auto kv = error_of([&] { check_run_fits_model(cfg, tiny); });
+    CHECK(contains(kv, "rollout.kv_cache_tokens = 8 holds 1 KV block(s) of 16 tokens, but one sequence (1 prompt token(s), "
+                       "up to 4 new) needs 2"));
+    CHECK(contains(kv, "raise rollout.kv_cache_tokens to at least 32"));
+    cfg.run().rollout().kv_cache_tokens(32);
+    CHECK(error_of([&] { check_run_fits_model(cfg, tiny); }) == "(no error)");
+    cfg.run().data().dataset().max_prompt_length(14);  // 14 + 4 - 1 = 17 tokens: 2 blocks and a fork's
+    CHECK(contains(error_of([&] { check_run_fits_model(cfg, tiny); }), "(14 prompt token(s), up to 4 new) needs 3"));
+    // tensor parallelism that does not split the heads (was: found by the engine, after the load)
+    RunConfig<TP3DGRPOTrainer> tp;
+    tp.run().sharding().tensor_parallel_size(4);
+    const auto llama = load_config(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/llama");  // 4 heads, 2 KV heads
+    CHECK(contains(error_of([&] { check_run_fits_model(tp, llama); }),
+                   "the model's num_key_value_heads = 2 is not divisible by tensor_parallel_size = 4"));
+    tp.run().sharding().tensor_parallel_size(2);
+    CHECK(error_of([&] { check_run_fits_model(tp, llama); }) == "(no error)");
+    CHECK(contains(error_of([&] { check_run_fits_model(tp, tiny); }), "vocab_size = 259 is not divisible by tensor_parallel_size = 2"));
+  }
+
+  TEST_CASE("option values that no run can use name the key and the fix") {
+    using T = Trainer<On, Sharding<FSDP>, Rollout<Naive>, Loader<Bucketed>>;
+    CHECK(contains(error_of([] { T(T::Options{}.optim(OptimizerOptions{}.lr(-1e-6))); }), "optim.lr = -1e-06 is not a positive number"));
+    CHECK(contains(error_of([] { T(T::Options{}.trainer(TrainerOptions{}.keep_last(0))); }),
+                   "trainer.keep_last = 0 keeps no checkpoint"));
+    CHECK(contains(error_of([] { T(T::Options{}.rollout(NaiveOptions{}.n(0))); }), "rollout.n = 0 is below 1"));
+    CHECK(contains(error_of([] { T(T::Options{}.data(DataOptions{}.train_batch_size(0))); }),
+                   "data.train_batch_size = 0 is below 1"));
+    CHECK(contains(error_of([] { GRPOOptions{}.epsilon(0).validate(); }), "epsilon = 0 must be > 0 when norm_adv_by_std is on"));
+    CHECK(error_of([] { GRPOOptions{}.dr_grpo(true).epsilon(0).validate(); }) == "(no error)");
+  }
+
+  TEST_CASE("GRPO's KL coefficient without use_kl_loss: no reference model, nothing read (verl's rule)") {
+    const auto o = GRPOOptions{}.actor(ActorLossOptions{}.use_kl_loss(false).kl_loss_coef(0.5));
+    CHECK(!Algorithm<GRPO>::uses_reference(o));
+    const auto reads = Algorithm<GRPO>::loss_reads(o);
+    CHECK(std::none_of(reads.begin(), reads.end(), [](const Key& k) { return k.name == keys::ref_log_probs.name; }));
+    CHECK(Algorithm<GRPO>::uses_reference(GRPOOptions{}));  // on by default
   }
 }

@@ -318,6 +318,23 @@ TEST_SUITE("trainer/fit") {
     CHECK(std::isfinite(steps[1]["reward_mean"]));  // over the finite rewards
     CHECK(steps[2]["skipped_step"] == 0.0);
     CHECK(steps[2].count("grad_norm") == 1);
+    // trainer.on_nonfinite=stop: the run ends at that step with an Error naming it, after the
+    // step's metrics
+    steps.clear();
+    call = 0;
+    auto stop_options = grpo_options(3);
+    stop_options.trainer().on_nonfinite("stop");
+    auto stop_policy = fit_fixture_model();
+    std::string err;
+    try {
+      FitGRPO(stop_options).fit(stop_policy, prompts, nan_reward, nan_parts);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    CHECK(err.find("step 2: 1 rewards are NaN or infinite (trainer.on_nonfinite = stop)") != std::string::npos);
+    CHECK(steps.size() == 1);  // on_step ran for step 1 only; step 2 ended the run
+    CHECK(error_of([] { TrainerOptions{}.on_nonfinite("halt").validate(); }).find("on_nonfinite = 'halt' is not a choice") !=
+          std::string::npos);
   }
   TEST_CASE("GRPO on-policy: old log-probs from the update's forward give the separate pass's training and metrics") {
     FitTempDir tmp("grpo_onpolicy");

@@ -7,6 +7,7 @@
 #include <hybridrl/trainer/run.hpp>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -188,6 +189,77 @@ TEST_SUITE("trainer/run") {
     CHECK(mentions(run_error([&] { (void)CheckpointManager::load((dir / "step_00000001").string()); }),
                    "trainer_state.json' is not valid JSON (nesting deeper than 64 levels)"));
     io::detail::remove_tree(dir.string());  // not remove_all: see below
+  }
+
+  TEST_CASE("a damaged checkpoint: any one flipped bit of its files is an Error or loads the same state, never another") {
+#if HYBRIDRL_WITH_XXHASH
+    namespace fs = std::filesystem;
+    const auto dir = fs::temp_directory_path() / ("hybridrl_damaged_" + std::to_string(::getpid()));
+    io::detail::remove_tree(dir.string());
+    CheckpointManager ck(dir.string(), 2);
+    const std::map<std::string, at::Tensor> tensors = {{"model.w", at::arange(6, at::kFloat).view({2, 3}) / 7.0},
+                                                       {"optimizer.step", at::scalar_tensor(3, at::kLong)},
+                                                       {"optimizer.m", at::linspace(-1, 1, 5)}};
+    const nlohmann::json meta = {{"loader", {{"epoch", 1}, {"batch_in_epoch", 2}, {"seed", 7}}}};
+    const auto path = ck.save(3, tensors, meta);
+    const auto good = CheckpointManager::load(path);
+    const auto same = [&](const CheckpointData& d) {
+      if (d.step != good.step || d.meta != good.meta || d.tensors.size() != good.tensors.size()) return false;
+      for (const auto& [k, v] : good.tensors) {
+        if (d.tensors.count(k) == 0 || !at::equal(d.tensors.at(k), v)) return false;
+      }
+      return true;
+    };
+    // every bit 0 of every byte (XOR 1 turns a digit into another digit), file by file
+    int64_t refused = 0, harmless = 0;
+    for (const char* name : {"model.safetensors", "trainer_state.safetensors", "trainer_state.json"}) {
+      CAPTURE(name);
+      const auto file = (fs::path(path) / name).string();
+      std::string bytes;
+      {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      REQUIRE(!bytes.empty());
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        CAPTURE(i);
+        std::string bad = bytes;
+        bad[i] = static_cast<char>(bad[i] ^ 0x01);
+        std::ofstream(file, std::ios::binary | std::ios::trunc) << bad;
+        try {
+          const auto d = CheckpointManager::load(path);
+          CHECK(same(d));  // a byte that carries nothing we read (the "format" tag, padding)
+          ++harmless;
+        } catch (const Error& e) {
+          CHECK(std::string(e.what()).find(name) != std::string::npos);  // the error names the file
+          ++refused;
+        }
+      }
+      std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    }
+    CHECK(same(CheckpointManager::load(path)));
+    CHECK(refused > 10 * harmless);  // nearly every byte is covered by a checksum or the format
+    MESSAGE(refused << " flips refused, " << harmless << " harmless");
+    // a tensor's byte names the tensor; trainer_state.json's digit names the file
+    {
+      const auto file = (fs::path(path) / "model.safetensors").string();
+      SafetensorsFile f(file);
+      const auto at = f.entry("w").begin;
+      std::string bytes;
+      {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), {});
+      }
+      uint64_t n = 0;
+      std::memcpy(&n, bytes.data(), 8);
+      bytes[8 + n + at] = static_cast<char>(bytes[8 + n + at] ^ 0x40);
+      std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+      CHECK(mentions(run_error([&] { (void)CheckpointManager::load(path); }), "model.safetensors', tensor 'w'"));
+    }
+    io::detail::remove_tree(dir.string());
+#else
+    MESSAGE("built without xxHash: checkpoints carry no checksums");
+#endif
   }
 
   TEST_CASE("a checkpoint's tokenizer: tokenizer.json first, its chat format, the files to copy; model.chat_format") {

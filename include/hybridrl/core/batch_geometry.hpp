@@ -164,22 +164,31 @@ struct BatchGeometry {
       case GeometryRule::mini_le_train:
         throw Error(fmt::format("ppo_mini_batch_size {} is larger than train_batch_size {}", m, t),
                     "use ppo_mini_batch_size <= train_batch_size (both count prompts)");
-      case GeometryRule::train_divides_mini:
-        throw Error(fmt::format("train_batch_size {} is not a multiple of ppo_mini_batch_size {} "
+      case GeometryRule::train_divides_mini:  // starts with the key to change (a Trainer prefixes "geometry.")
+        throw Error(fmt::format("ppo_mini_batch_size {} does not divide train_batch_size {} "
                                 "({} % {} = {}); the last mini-batch would be ragged",
-                                t, m, t, m, t % m),
+                                m, t, t, m, t % m),
                     "choose a ppo_mini_batch_size that divides train_batch_size");
       case GeometryRule::dp_divides_mini:
         throw Error(fmt::format("ppo_mini_batch_size × rollout_n = {} × {} = {} sequences do not "
                                 "split over {} data-parallel ranks (world_size {} ÷ {}; {} % {} = {})",
                                 m, n, m * n, w / sp, w, replica, m * n, w / sp, (m * n) % (w / sp)),
                     fmt::format("make ppo_mini_batch_size × rollout_n a multiple of {}", w / sp));
-      case GeometryRule::micro_divides_mini:
-        throw Error(fmt::format("a rank's mini-batch of {} × {} ÷ {} = {} sequences is not a "
-                                "multiple of micro_batch_size_per_gpu {} ({} % {} = {})",
-                                m, n, w / sp, m * n / (w / sp), u, m * n / (w / sp), u,
-                                (m * n / (w / sp)) % u),
+      case GeometryRule::micro_divides_mini: {
+        const int64_t per_rank = m * n / (w / sp);
+        if (u > per_rank) {  // verl: micro-batch larger than mini-batch
+          throw Error(fmt::format("micro_batch_size_per_gpu {} is larger than a rank's mini-batch of "
+                                  "ppo_mini_batch_size × rollout_n ÷ data-parallel ranks = {} × {} ÷ {} = {} sequences",
+                                  u, m, n, w / sp, per_rank),
+                      fmt::format("use micro_batch_size_per_gpu <= {} (a divisor of it), or a larger "
+                                  "ppo_mini_batch_size",
+                                  per_rank));
+        }
+        throw Error(fmt::format("micro_batch_size_per_gpu {} does not divide a rank's mini-batch of "
+                                "{} × {} ÷ {} = {} sequences ({} % {} = {})",
+                                u, m, n, w / sp, per_rank, per_rank, u, per_rank % u),
                     "choose a micro_batch_size_per_gpu that divides the per-rank mini-batch");
+      }
     }
   }
 

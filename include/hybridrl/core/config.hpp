@@ -37,6 +37,7 @@
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/detail/dependent_false.hpp"
+#include "hybridrl/io/json.hpp"
 
 extern char** environ;  // POSIX: the process environment (read by environment_overrides)
 
@@ -181,6 +182,98 @@ inline std::string nearest_key(std::string_view key, const std::vector<std::stri
   return best_d <= std::max<std::size_t>(3, key.size() / 3) ? best : std::string{};
 }
 
+/// A verl key and the key that holds its value here (docs/configuration.md, "From verl"), with a
+/// note where the meaning differs.
+struct RenamedKey {
+  std::string_view verl, key, note;
+};
+
+/// verl's spellings of the keys a verl run sets most. Edit distance alone pairs some of them with
+/// the wrong key (ppo_micro_batch_size → ppo_mini_batch_size, total_epochs → total_steps).
+inline constexpr std::array<RenamedKey, 43> verl_keys{{
+    {"actor_rollout_ref.actor.ppo_mini_batch_size", "geometry.ppo_mini_batch_size", ""},
+    {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "geometry.micro_batch_size_per_gpu", ""},
+    {"actor_rollout_ref.actor.ppo_micro_batch_size", "geometry.micro_batch_size_per_gpu",
+     "it counts sequences over all GPUs, this key per GPU: divide it by the number of GPUs"},
+    {"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "geometry.micro_batch_size_per_gpu",
+     "one micro-batch size serves the scoring and the update passes"},
+    {"actor_rollout_ref.rollout.log_prob_micro_batch_size", "geometry.micro_batch_size_per_gpu",
+     "it counts sequences over all GPUs, this key per GPU, and serves the scoring and the update passes"},
+    {"critic.ppo_micro_batch_size_per_gpu", "geometry.micro_batch_size_per_gpu", "the critic trains on the policy's micro-batches"},
+    {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "geometry.max_tokens_per_micro_batch", ""},
+    {"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "geometry.max_tokens_per_micro_batch", ""},
+    {"actor_rollout_ref.actor.use_dynamic_bsz", "geometry.adaptive_micro_batch", ""},
+    {"actor_rollout_ref.actor.ppo_epochs", "geometry.ppo_epochs", ""},
+    {"actor_rollout_ref.actor.ulysses_sequence_parallel_size", "geometry.sequence_parallel_size", ""},
+    {"actor_rollout_ref.rollout.n", "rollout.n", ""},
+    {"actor_rollout_ref.rollout.tensor_model_parallel_size", "rollout.tensor_parallel_size", ""},
+    {"actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "sharding.tensor_parallel_size", ""},
+    {"actor_rollout_ref.rollout.gpu_memory_utilization", "rollout.memory_fraction",
+     "a fraction of the memory left free after the weights"},
+    {"data.max_response_length", "rollout.max_new_tokens", ""},
+    {"actor_rollout_ref.rollout.response_length", "rollout.max_new_tokens", ""},
+    {"actor_rollout_ref.rollout.temperature", "rollout.temperature", ""},
+    {"actor_rollout_ref.rollout.top_k", "rollout.top_k", ""},
+    {"actor_rollout_ref.rollout.top_p", "rollout.top_p", ""},
+    {"actor_rollout_ref.rollout.free_cache_engine", "rollout.free_cache_engine", ""},
+    {"actor_rollout_ref.model.path", "model.path", ""},
+    {"actor_rollout_ref.model.enable_gradient_checkpointing", "sharding.activation_checkpointing", ""},
+    {"actor_rollout_ref.actor.fsdp_config.param_offload", "sharding.cpu_offload", ""},
+    {"actor_rollout_ref.actor.fsdp_config.optimizer_offload", "sharding.cpu_offload", ""},
+    {"actor_rollout_ref.actor.optim.lr", "optim.lr", ""},
+    {"actor_rollout_ref.actor.optim.lr_warmup_steps", "optim.warmup_steps", ""},
+    {"actor_rollout_ref.actor.optim.weight_decay", "optim.weight_decay", ""},
+    {"actor_rollout_ref.actor.optim.warmup_style", "optim.schedule", ""},
+    {"actor_rollout_ref.actor.grad_clip", "optim.max_grad_norm", ""},
+    {"actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_low", ""},
+    {"actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_high", ""},
+    {"actor_rollout_ref.actor.clip_ratio_c", "algorithm.clip_c", ""},
+    {"actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg", ""},
+    {"actor_rollout_ref.actor.entropy_coeff", "algorithm.entropy_coeff", ""},
+    {"actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_loss", ""},
+    {"actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_loss_coef", ""},
+    {"algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std", ""},
+    {"critic.cliprange_value", "algorithm.cliprange_value", ""},
+    {"critic.model.path", "model.critic_path", ""},
+    {"trainer.critic_warmup", "critic.warmup_steps", ""},
+    {"trainer.total_training_steps", "trainer.total_steps", ""},
+    {"trainer.total_epochs", "loader.epochs", ""},
+}};
+
+/// The last component of a dotted key.
+inline std::string_view key_leaf(std::string_view key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string_view::npos ? key : key.substr(dot + 1);
+}
+
+/// The key here that the verl key `key` names, with the hint for an unknown-key message
+/// ("; did you mean K? (verl's ...)"), or "" when `key` is no verl key this configuration has. A
+/// key matches by its whole path, or by its last component when that is verl's own spelling (no
+/// key here ends with it): `geometry.ppo_micro_batch_size` is verl's too.
+inline std::string verl_key_hint(std::string_view key, const std::vector<std::string>& keys) {
+  auto has = [&](std::string_view k) { return std::find(keys.begin(), keys.end(), k) != keys.end(); };
+  const auto leaf = key_leaf(key);
+  const bool leaf_is_ours = std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return key_leaf(k) == leaf; });
+  const RenamedKey* found = nullptr;
+  for (const auto& r : verl_keys) {
+    if (r.verl == key && has(r.key)) {
+      found = &r;
+      break;
+    }
+  }
+  if (found == nullptr && !leaf_is_ours) {
+    for (const auto& r : verl_keys) {
+      if (key_leaf(r.verl) == leaf && has(r.key)) {
+        found = &r;
+        break;
+      }
+    }
+  }
+  if (found == nullptr) return {};
+  return fmt::format("; did you mean {}? (verl's {}{})", found->key, found->verl == key ? found->verl : leaf,
+                     found->note.empty() ? "" : ": " + std::string(found->note));
+}
+
 /// How a value reached a field: text (overrides, environment, YAML scalars) is parsed by the
 /// field's type; JSON values must already have it.
 enum class ValueForm { json, text };
@@ -192,9 +285,11 @@ inline std::string with_article(std::string_view type) {
   return (vowel ? "an " : "a ") + std::string(type);
 }
 
+/// The value as io::brief shows it: bounded, not recursive, and no exception for a string that is
+/// not UTF-8 (a YAML scalar or an override may hold any bytes; dump() would throw).
 [[noreturn]] inline void type_error(const std::string& path, std::string_view expected,
                                     const nlohmann::json& got, std::string_view source) {
-  throw Error(fmt::format("{} = {} is not {}{}", path, got.dump(), with_article(expected),
+  throw Error(fmt::format("{} = {} is not {}{}", path, io::brief(got), with_article(expected),
                           source.empty() ? "" : fmt::format(" (from {})", source)),
               fmt::format("give {} a value of type {}", path, expected));
 }
@@ -224,13 +319,18 @@ void read_options(const nlohmann::json& j, O& o, const std::string& prefix, Valu
       }
     });
     if (!found) {
-      // the full key: an override's or environment variable's nested remainder is part of it
+      // the full key: an override's or environment variable's nested remainder is part of it,
+      // and of a file's unknown table its first key (a verl file: actor_rollout_ref.actor.<key>)
       std::string path = join_path(prefix, it.key());
-      for (const nlohmann::json* v = &it.value(); v->is_object() && v->size() == 1;
+      for (const nlohmann::json* v = &it.value(); v->is_object() && !v->empty();
            v = &v->begin().value()) {
         path += "." + v->begin().key();
       }
-      const std::string near = nearest_key(path, all_keys);
+      std::string hint = verl_key_hint(path, all_keys);
+      if (hint.empty()) {
+        const std::string near = nearest_key(path, all_keys);
+        if (!near.empty()) hint = fmt::format("; did you mean {}?", near);
+      }
       std::vector<std::string> level;
       for (const auto& k : all_keys) {
         const bool under = prefix.empty() ? k.find('.') == std::string::npos
@@ -241,8 +341,7 @@ void read_options(const nlohmann::json& j, O& o, const std::string& prefix, Valu
       std::string listed;
       for (const auto& k : level) listed += (listed.empty() ? "" : ", ") + k;
       throw Error(fmt::format("unknown configuration key {}{}{}", path,
-                              source.empty() ? "" : fmt::format(" (from {})", source),
-                              near.empty() ? "" : fmt::format("; did you mean {}?", near)),
+                              source.empty() ? "" : fmt::format(" (from {})", source), hint),
                   fmt::format("use a key this configuration has ({}); --help lists all of them",
                               listed));
     }
@@ -295,6 +394,12 @@ void read_value(const nlohmann::json& j, T& v, const std::string& path, ValueFor
     v = n.get<T>();
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!j.is_string()) type_error(path, type_name<T>(), j, source);
+    // a configuration is written back as JSON (run_config.json, the checkpoint's): text only
+    if (const auto bad = io::invalid_utf8_at(s); bad != std::string::npos) {
+      throw Error(fmt::format("{} = {} is not UTF-8 text (byte {}){}", path, io::brief(j), bad,
+                              source.empty() ? "" : fmt::format(" (from {})", source)),
+                  fmt::format("write {} as UTF-8 text", path));
+    }
     v = s;
   } else if constexpr (named_enum<T>) {
     if (!j.is_string()) type_error(path, type_name<T>(), j, source);
@@ -556,13 +661,19 @@ void apply_overrides(O& o, const std::vector<std::string>& overrides,
   return out;
 }
 
+/// The library's own switches, read where they act and not configuration keys: fault injection
+/// (io/fault.hpp) and the fused CUDA kernels (cuda/fused.hpp).
+inline constexpr std::array<std::string_view, 2> process_variables{"HYBRIDRL_FAULT", "HYBRIDRL_FUSED_KERNELS"};
+
 /// Applies environment overrides: each (NAME, value) with NAME starting with `prefix` sets the key
 /// env_key(NAME) (e.g. HYBRIDRL_ROLLOUT__SAMPLING__TEMPERATURE=0.7); an unknown key is an error.
+/// The process_variables are skipped.
 template <reflectable_options O>
 void apply_environment(O& o, const std::vector<std::pair<std::string, std::string>>& variables,
                        std::string_view prefix = "HYBRIDRL_") {
   for (const auto& [name, value] : variables) {
     if (std::string_view(name).substr(0, prefix.size()) != prefix) continue;
+    if (std::find(process_variables.begin(), process_variables.end(), name) != process_variables.end()) continue;
     apply_override(o, env_key(name, prefix), value, "environment variable " + name);
   }
 }

@@ -84,16 +84,16 @@ template <reflectable_options O>
 /// Sets the fields a YAML document names (others keep their values); errors as from_json.
 template <reflectable_options O>
 void from_yaml(std::string_view text, O& o, std::string_view source = "YAML") {
-  YAML::Node root;
+  nlohmann::json tree;
   try {
-    root = YAML::Load(std::string(text));
+    const YAML::Node root = YAML::Load(std::string(text));
+    if (root.IsNull()) return;  // an empty document changes nothing
+    tree = detail::yaml_to_text_json(root);  // throws for a key that is not a scalar
   } catch (const YAML::Exception& e) {
     throw Error(fmt::format("{} is not valid YAML: {}", source, e.what()),
                 "fix the YAML syntax at the line and column shown");
   }
-  if (root.IsNull()) return;  // an empty document changes nothing
-  detail::read_options(detail::yaml_to_text_json(root), o, "", detail::ValueForm::text, source,
-                       detail::all_keys(o));
+  detail::read_options(tree, o, "", detail::ValueForm::text, source, detail::all_keys(o));
 }
 
 /// Default options with the fields a YAML document names set: `from_yaml<PagedOptions>(text)`.

@@ -65,7 +65,9 @@
 #include <exception>
 #include <thread>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
@@ -202,7 +204,7 @@ class C10dCommunicator final : public Communicator {
     std::vector<at::Tensor> w{wire(t)};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d_op(op);
-    detail::c10d_call(backend_name_, "all_reduce", [&] { group_->allreduce(w, o)->wait(); });
+    call("all_reduce", [&] { group_->allreduce(w, o)->wait(); });
     if (op == ReduceOp::avg) w[0].div_(size_);
     t.copy_(w[0]);
   }
@@ -218,7 +220,7 @@ class C10dCommunicator final : public Communicator {
     auto flat = at::empty(out.sizes(), w[0].options());
     std::vector<std::vector<at::Tensor>> outs(1);
     for (auto& part : flat.chunk(size_, 0)) outs[0].push_back(part);
-    detail::c10d_call(backend_name_, "all_gather", [&] { group_->allgather(outs, w)->wait(); });
+    call("all_gather", [&] { group_->allgather(outs, w)->wait(); });
     out.copy_(flat);
   }
 
@@ -240,7 +242,7 @@ class C10dCommunicator final : public Communicator {
     for (auto& part : flat.chunk(size_, 0)) ins[0].push_back(part);
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d_op(op);
-    detail::c10d_call(backend_name_, "reduce_scatter", [&] { group_->reduce_scatter(w, ins, o)->wait(); });
+    call("reduce_scatter", [&] { group_->reduce_scatter(w, ins, o)->wait(); });
     if (op == ReduceOp::avg) w[0].div_(size_);
     out.copy_(w[0]);
   }
@@ -250,24 +252,24 @@ class C10dCommunicator final : public Communicator {
     std::vector<at::Tensor> w{wire(t)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    detail::c10d_call(backend_name_, "broadcast", [&] { group_->broadcast(w, o)->wait(); });
+    call("broadcast", [&] { group_->broadcast(w, o)->wait(); });
     t.copy_(w[0]);
   }
 
   void barrier() override {
-    detail::c10d_call(backend_name_, "barrier", [&] { group_->barrier()->wait(); });
+    call("barrier", [&] { group_->barrier()->wait(); });
   }
 
   void send(const at::Tensor& t, int dst, int tag = 0) override {
     check_rank(dst, "send destination");
     std::vector<at::Tensor> w{wire(t)};
-    detail::c10d_call(backend_name_, "send", [&] { group_->send(w, dst, tag)->wait(); });
+    call("send", [&] { group_->send(w, dst, tag)->wait(); });
   }
 
   void recv(at::Tensor& t, int src, int tag = 0) override {
     check_rank(src, "recv source");
     std::vector<at::Tensor> w{wire(t)};
-    detail::c10d_call(backend_name_, "recv", [&] { group_->recv(w, src, tag)->wait(); });
+    call("recv", [&] { group_->recv(w, src, tag)->wait(); });
     t.copy_(w[0]);
   }
 
@@ -290,6 +292,73 @@ class C10dCommunicator final : public Communicator {
   }
 
  private:
+  /// Runs collective number seq_ + 1 of this group; a c10d failure (a timeout, a peer gone) is an
+  /// Error naming the collective and, from the others' reports, the ranks that never reached it.
+  template <class F>
+  void call(const char* what, F&& f) {
+    ++seq_;
+    try {
+      f();
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{} over {} failed: {}{}", what, backend_name_, e.what(), missing_ranks(what)),
+                  "check that every rank calls the same collectives in the same order with tensors "
+                  "of the same shape and dtype, that no rank died, and that timeout_s is long enough");
+    }
+  }
+
+  /// After this rank's collective `what` (number seq_) failed: reports it in the store and
+  /// waits a short grace (timeout_s / 10, 0.2 to 5 s) for the other ranks' reports. A rank that
+  /// failed in the same collective waited too; one that sent no report never reached it (it
+  /// stalled, or died: a killed process reports nothing); one that failed in an earlier
+  /// collective is named with it. Never throws: a store that cannot be reached gives "".
+  std::string missing_ranks(const char* what) noexcept {
+    try {
+      auto reports = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "/failed", store_);
+      const std::string mine = fmt::format("{} {}", seq_, what);
+      reports->set(std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+      const double grace = std::clamp(options_.timeout_s() / 10.0, 0.2, 5.0);
+      const auto deadline = std::chrono::steady_clock::now() + detail::to_ms(grace);
+      std::vector<std::optional<std::pair<uint64_t, std::string>>> seen(static_cast<size_t>(size_));
+      for (;;) {
+        bool all = true;
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_ || seen[static_cast<size_t>(r)]) continue;
+          if (reports->check({std::to_string(r)})) {
+            const auto v = reports->get(std::to_string(r));
+            const std::string text(v.begin(), v.end());
+            const auto space = text.find(' ');
+            seen[static_cast<size_t>(r)] = std::make_pair(std::stoull(text.substr(0, space)),
+                                                          space == std::string::npos ? "" : text.substr(space + 1));
+          } else {
+            all = false;
+          }
+        }
+        if (all || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      std::vector<int> silent;
+      std::string earlier;
+      for (int r = 0; r < size_; ++r) {
+        const auto& s = seen[static_cast<size_t>(r)];
+        if (r == rank_) continue;
+        if (!s) silent.push_back(r);
+        else if (s->first < seq_) earlier += fmt::format("; rank {} failed earlier, in collective #{} ({})", r, s->first, s->second);
+      }
+      const std::string group = prefix_ == "hybridrl" ? "" : fmt::format(" of the group {}", prefix_);
+      std::string out;
+      if (!silent.empty()) {
+        out = fmt::format("; rank{} {}{} sent no report within {} s of this failure: stalled or died before "
+                          "collective #{} ({}), which this rank was waiting in",
+                          silent.size() > 1 ? "s" : "", fmt::join(silent, ", "), group, grace, seq_, what);
+      }
+      return out + earlier;
+    } catch (...) {
+      return {};
+    }
+  }
+
 #if HYBRIDRL_HAS_GLOO
   std::shared_ptr<::gloo::transport::Device> gloo_device() const {
     std::string iface = options_.gloo_interface();
@@ -348,6 +417,7 @@ class C10dCommunicator final : public Communicator {
   std::string backend_name_;
   c10::intrusive_ptr<detail::C10dBackend> group_;
   uint64_t splits_ = 0;
+  uint64_t seq_ = 0;  ///< collectives this rank has run in this group (call())
 };
 
 /// The world communicator of a torchrun or Slurm launch: parses `env` (default: the process

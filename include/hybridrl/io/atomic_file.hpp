@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <csignal>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -29,6 +31,7 @@
 #include <unistd.h>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/io/fault.hpp"
 
 namespace hybridrl::io {
 
@@ -96,6 +99,7 @@ class AtomicFile {
     }
     HYBRIDRL_CHECK(fd_ >= 0, fmt::format("cannot create '{}': {}", temp_, std::strerror(errno)),
                    "check that the directory exists and is writable");
+    fault_ = fault::for_file(path_);  // HYBRIDRL_FAULT, for the fault tests; unset: nothing
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -106,6 +110,7 @@ class AtomicFile {
     HYBRIDRL_CHECK(fd_ >= 0, fmt::format("AtomicFile('{}'): write after commit or failure", path_),
                    "create a new AtomicFile for each write");
     const auto* p = static_cast<const char*>(data);
+    if (fault_) inject(p, n);
     while (n > 0) {
       const auto w = ::write(fd_, p, n);
       if (w < 0 && errno == EINTR) continue;
@@ -146,6 +151,22 @@ class AtomicFile {
     if (!temp_.empty()) ::unlink(temp_.c_str());
     temp_.clear();
   }
+  // HYBRIDRL_FAULT (io/fault.hpp): half of the first write reaches the file, then the fault
+  void inject(const char* p, size_t n) {
+    const auto action = *fault_;
+    fault_.reset();
+    size_t half = n / 2;
+    while (half > 0) {
+      const auto w = ::write(fd_, p, half);
+      if (w <= 0) break;
+      p += w;
+      half -= static_cast<size_t>(w);
+    }
+    if (action == fault::Action::kill) {
+      ::raise(SIGKILL);
+    }
+    fail("writing", ENOSPC);
+  }
   [[noreturn]] void fail(const char* what, int err) {
     const auto temp = temp_;
     discard();
@@ -156,6 +177,7 @@ class AtomicFile {
   std::string path_;
   std::string temp_;
   int fd_ = -1;
+  std::optional<fault::Action> fault_;
 };
 
 /// Writes `content` to `path` atomically and durably (see AtomicFile).

@@ -113,6 +113,38 @@ struct JSONLimitExceeded {
   return text;
 }
 
+/// The byte offset of the first ill-formed UTF-8 sequence of `s` (a stray or missing continuation
+/// byte, an overlong form, a surrogate, a code point past U+10FFFF), or npos when `s` is UTF-8.
+/// JSON text is UTF-8: a string that is not cannot be written back (nlohmann's dump() throws).
+[[nodiscard]] inline size_t invalid_utf8_at(std::string_view s) noexcept {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n = 0;
+    uint32_t cp = 0;
+    if ((c >> 5) == 0x6) n = 2, cp = c & 0x1F;
+    else if ((c >> 4) == 0xE) n = 3, cp = c & 0x0F;
+    else if ((c >> 3) == 0x1E) n = 4, cp = c & 0x07;
+    else return i;
+    if (i + n > s.size()) return i;
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return i;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return i;
+    }
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
 /// A short description of `v` for messages: scalars as written (strings cut at 40 bytes), arrays
 /// and objects one level deep, at most 8 elements. Never recurses and never throws.
 [[nodiscard]] inline std::string brief(const nlohmann::json& v) {

@@ -197,6 +197,9 @@ inline int64_t json_int(const nlohmann::json& j, const char* key) {
 
 }  // namespace detail
 
+/// The most layers config_from_json lists in a derived `layer_types` (Qwen2's sliding layers).
+inline constexpr int64_t kMaxDerivedLayers = int64_t{1} << 16;
+
 /// Parses a config.json object. `source` names the file in errors. An architecture hybridrl does not
 /// implement is an Error that lists the supported ones.
 inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& source = "config.json") {
@@ -256,6 +259,12 @@ inline ModelConfig config_from_json(const nlohmann::json& j, const std::string& 
                      "give one \"full_attention\" or \"sliding_attention\" per layer");
       c.layer_types = j["layer_types"].get<std::vector<std::string>>();
     } else if (prefix == "Qwen2" && c.sliding_window) {
+      // one entry per layer, so the count is bounded first: 10^12 layers was a 10^12-entry list
+      // (a count below it that the checkpoint does not hold is refused when the weights load)
+      HYBRIDRL_CHECK(c.num_hidden_layers <= kMaxDerivedLayers,
+                     fmt::format("num_hidden_layers = {} is more layers than any model has (at most {} with "
+                                 "use_sliding_window)", c.num_hidden_layers, kMaxDerivedLayers),
+                     "fix num_hidden_layers in config.json");
       const auto first = detail::json_or<int64_t>(j, "max_window_layers", 28);
       for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
         c.layer_types.emplace_back(i >= first ? "sliding_attention" : "full_attention");

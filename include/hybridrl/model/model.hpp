@@ -14,6 +14,7 @@
 #include "hybridrl/model/layers.hpp"
 #include "hybridrl/model/decoder.hpp"
 #include "hybridrl/model/causal_lm.hpp"
+#include "hybridrl/model/fingerprint.hpp"
 #include "hybridrl/model/log_probs.hpp"
 #include "hybridrl/model/safetensors.hpp"
 #include "hybridrl/model/pretrained.hpp"

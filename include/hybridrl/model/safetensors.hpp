@@ -39,6 +39,10 @@
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/io/json.hpp"
 
+#if HYBRIDRL_WITH_XXHASH
+#include <xxhash.h>
+#endif
+
 namespace hybridrl {
 
 namespace detail {
@@ -125,7 +129,32 @@ inline std::string safetensors_dtype_name(at::ScalarType t, const std::string& t
   }
 }
 
+/// XXH3-64 of `n` bytes as 16 hex digits; empty in a build without xxHash.
+inline std::string xxh3_hex(const void* p, size_t n) {
+#if HYBRIDRL_WITH_XXHASH
+  return fmt::format("{:016x}", static_cast<uint64_t>(XXH3_64bits(p, n)));
+#else
+  (void)p;
+  (void)n;
+  return {};
+#endif
+}
+
 }  // namespace detail
+
+/// `__metadata__` key of the per-tensor checksums that training checkpoints carry
+/// (save_safetensors with checksums): a JSON object, as a string, of tensor name → XXH3-64 of its
+/// bytes in hex. SafetensorsFile::get() verifies a tensor against it, so a damaged byte is an
+/// Error naming the file and the tensor, never a wrong load. Files without it (Hugging Face
+/// checkpoints, save_pretrained) are read as they are.
+inline constexpr const char* kChecksumKey = "hybridrl.xxh3";
+
+/// Whether this build writes and verifies checksums (it was built with xxHash).
+#if HYBRIDRL_WITH_XXHASH
+inline constexpr bool kHaveChecksums = true;
+#else
+inline constexpr bool kHaveChecksums = false;
+#endif
 
 /// Where one tensor lives in a safetensors file.
 struct SafetensorsEntry {
@@ -133,6 +162,7 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;         ///< dimensions
   size_t begin = 0;                   ///< byte offset from the start of the data section
   size_t end = 0;                     ///< one past the last byte
+  std::string checksum;               ///< XXH3-64 in hex from kChecksumKey; empty: none
 };
 
 /// A memory-mapped, fully validated safetensors file. Cheap to copy (shares the mapping).
@@ -244,6 +274,7 @@ class SafetensorsFile {
       entries_.emplace(name, std::move(e));
     }
     check_layout(path, data_size, fix);
+    read_checksums(path, fix);
   }
 
   /// Largest header the format allows (the reference reader's limit: 100 MB).
@@ -275,15 +306,28 @@ class SafetensorsFile {
     return metadata_;
   }
 
+  /// Whether the file carries checksums (kChecksumKey) that get() verifies.
+  [[nodiscard]] bool has_checksums() const noexcept { return metadata_.count(kChecksumKey) != 0; }
+
   /// A CPU tensor aliasing the mapped bytes of `name`; it keeps the mapping alive. The mapping is
   /// copy-on-write: writing to the tensor changes only this process's copy, never the file.
   /// Unaligned data is copied once so the tensor is always usable. (A file truncated in place by
   /// another program while such a tensor lives still faults on access: write checkpoints by
-  /// rename, as save_safetensors does, or clone the tensors.)
+  /// rename, as save_safetensors does, or clone the tensors.) A file with checksums has the
+  /// tensor's bytes verified first: a mismatch is an Error naming the file and the tensor.
   [[nodiscard]] at::Tensor get(const std::string& name) const {
     const auto& e = entry(name);
     const auto elem = c10::elementSize(e.dtype);
     uint8_t* p = map_->data() + data_offset_ + e.begin;
+    if (!e.checksum.empty()) {
+      const auto got = detail::xxh3_hex(p, e.end - e.begin);
+      HYBRIDRL_CHECK(got == e.checksum,
+                     fmt::format("'{}', tensor '{}': its {} bytes do not match the checksum written with them "
+                                 "(XXH3 {} stored, {} read): the file is damaged", path(), name, e.end - e.begin,
+                                 e.checksum, got),
+                     "resume from another checkpoint (trainer.resume=<an older checkpoints/step_… directory>), "
+                     "or restore the file from a copy");
+    }
     auto options = at::TensorOptions().dtype(e.dtype).device(at::kCPU);
     if (e.end == e.begin) return at::empty(e.shape, options);
     auto keep = map_;
@@ -317,6 +361,28 @@ class SafetensorsFile {
                    fix);
   }
 
+  /// Reads kChecksumKey into the entries: every tensor must have one, and every one a tensor. A
+  /// build without xxHash cannot verify them and reads the file as if it had none.
+  void read_checksums(const std::string& path, const std::string& fix) {
+    const auto it = metadata_.find(kChecksumKey);
+    if (it == metadata_.end() || !kHaveChecksums) return;
+    const auto where = fmt::format("'{}': __metadata__['{}']", path, kChecksumKey);
+    const auto parsed = io::parse_json(it->second, io::JSONLimits{.max_depth = 2, .unique_keys = true});
+    HYBRIDRL_CHECK(parsed && parsed.value.is_object(),
+                   fmt::format("{} is not a JSON object ({})", where, parsed ? "another type" : parsed.error), fix);
+    for (const auto& [k, v] : parsed.value.items()) {
+      const auto e = entries_.find(k);
+      HYBRIDRL_CHECK(e != entries_.end() && v.is_string() && v.get_ref<const std::string&>().size() == 16,
+                     fmt::format("{} has an entry for '{}', {}", where, io::brief(nlohmann::json(k)),
+                                 e == entries_.end() ? "which is not a tensor of the file" : "which is not 16 hex digits"),
+                     fix);
+      e->second.checksum = v.get<std::string>();
+    }
+    for (const auto& [k, e] : entries_) {
+      HYBRIDRL_CHECK(!e.checksum.empty(), fmt::format("{} has no checksum of tensor '{}'", where, k), fix);
+    }
+  }
+
   std::shared_ptr<detail::MappedFile> map_;
   size_t data_offset_ = 0;
   std::map<std::string, SafetensorsEntry> entries_;
@@ -324,11 +390,14 @@ class SafetensorsFile {
 };
 
 /// Writes `tensors` (any device; stored as contiguous CPU bytes) and string `metadata` to `path`
-/// atomically and durably (io::AtomicFile: unique temporary, fsync, rename). Throws Error on I/O failure.
+/// atomically and durably (io::AtomicFile: unique temporary, fsync, rename). With `checksums` (and
+/// a build with xxHash) the metadata also holds every tensor's XXH3 (kChecksumKey), which
+/// SafetensorsFile verifies on read. Throws Error on I/O failure.
 inline void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-                             const std::map<std::string, std::string>& metadata = {}) {
+                             const std::map<std::string, std::string>& metadata = {}, bool checksums = false) {
   nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::map<std::string, std::string> meta = metadata;
+  nlohmann::json sums = nlohmann::json::object();
   std::vector<at::Tensor> bufs;
   bufs.reserve(tensors.size());
   size_t offset = 0;
@@ -341,8 +410,11 @@ inline void save_safetensors(const std::string& path, const std::map<std::string
                     {"shape", c.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    if (checksums && kHaveChecksums) sums[name] = detail::xxh3_hex(c.data_ptr(), bytes);
     bufs.push_back(std::move(c));
   }
+  if (checksums && kHaveChecksums) meta[kChecksumKey] = sums.dump();
+  if (!meta.empty()) header["__metadata__"] = meta;
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
   uint8_t len[8];

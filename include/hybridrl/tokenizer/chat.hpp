@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <ctime>
 #include <optional>
-#include <regex>
 #include <string>
 #include <string_view>
 
@@ -82,25 +82,45 @@ struct ChatFormat {
   /// assistant."); Llama-3.1's dates from its `Cutting Knowledge Date: …` and
   /// `set date_string = "…"` (a template that calls `strftime_now` dates with today).
   static std::optional<ChatFormat> from_template(std::string_view jinja) {
-    const std::string t(jinja);
-    if (t.find("<|im_start|>") != std::string::npos) {
+    // Plain searches, linear in the template (std::regex recursed once per character and
+    // overflowed the stack on a template of a megabyte).
+    const std::string_view t = jinja;
+    if (t.find("<|im_start|>") != std::string_view::npos) {
       // a literal system turn inside a string: '<|im_start|>system\nTEXT<|im_end|>' (the line end
       // a newline, or the two characters \n where the file escapes it twice)
-      static const std::regex sys(R"(<\|im_start\|>system(?:\\n|\n)([^'"{}<]*)<\|im_end\|>)");
-      std::smatch m;
       std::string def;
-      if (std::regex_search(t, m, sys)) def = m[1].str();
+      constexpr std::string_view open = "<|im_start|>system", close = "<|im_end|>";
+      for (size_t at = t.find(open); at != std::string_view::npos; at = t.find(open, at + 1)) {
+        size_t b = at + open.size();
+        if (t.substr(b, 2) == "\\n") b += 2;
+        else if (t.substr(b, 1) == "\n") b += 1;
+        else continue;
+        const size_t e = std::min(t.find_first_of("'\"{}<", b), t.size());
+        if (t.substr(e, close.size()) == close) {
+          def = std::string(t.substr(b, e - b));
+          break;
+        }
+      }
       return chatml(def);
     }
-    if (t.find("<|start_header_id|>") != std::string::npos && t.find("<|eot_id|>") != std::string::npos) {
-      if (t.find("Cutting Knowledge Date") == std::string::npos) return llama3();
+    if (t.find("<|start_header_id|>") != std::string_view::npos && t.find("<|eot_id|>") != std::string_view::npos) {
+      if (t.find("Cutting Knowledge Date") == std::string_view::npos) return llama3();
       // 3.1's dated system header: the literals inside the template's Jinja strings
-      static const std::regex knowledge(R"(Cutting Knowledge Date: ([^"'\\{}<]*))");
-      static const std::regex fixed(R"(set date_string = ["']([^"']*)["'])");
-      std::smatch k, d;
-      const std::string kd = std::regex_search(t, k, knowledge) ? k[1].str() : "December 2023";
-      if (t.find("strftime_now") != std::string::npos) return llama31("", kd);
-      return llama31(std::regex_search(t, d, fixed) ? d[1].str() : "26 Jul 2024", kd);
+      constexpr std::string_view knowledge = "Cutting Knowledge Date: ";
+      std::string kd = "December 2023";
+      if (const size_t k = t.find(knowledge); k != std::string_view::npos) {
+        const size_t kb = k + knowledge.size();
+        kd = std::string(t.substr(kb, std::min(t.find_first_of("\"'\\{}<", kb), t.size()) - kb));
+      }
+      if (t.find("strftime_now") != std::string_view::npos) return llama31("", kd);
+      constexpr std::string_view fixed = "set date_string = ";
+      for (size_t at = t.find(fixed); at != std::string_view::npos; at = t.find(fixed, at + 1)) {
+        const size_t q = at + fixed.size();
+        if (q >= t.size() || (t[q] != '"' && t[q] != '\'')) continue;
+        const size_t e = t.find_first_of("\"'", q + 1);
+        if (e != std::string_view::npos) return llama31(std::string(t.substr(q + 1, e - q - 1)), kd);
+      }
+      return llama31("26 Jul 2024", kd);
     }
     return std::nullopt;
   }

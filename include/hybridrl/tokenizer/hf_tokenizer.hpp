@@ -89,34 +89,7 @@ inline size_t utf8_length(unsigned char c) {
 }
 
 /// The byte offset of the first invalid UTF-8 sequence of `s`, or npos.
-inline size_t invalid_utf8_at(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = 0;
-    uint32_t cp = 0;
-    if ((c >> 5) == 0x6) n = 2, cp = c & 0x1F;
-    else if ((c >> 4) == 0xE) n = 3, cp = c & 0x0F;
-    else if ((c >> 3) == 0x1E) n = 4, cp = c & 0x07;
-    else return i;
-    if (i + n > s.size()) return i;
-    for (size_t k = 1; k < n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 0x2) return i;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return i;
-    }
-    i += n;
-  }
-  return std::string_view::npos;
-}
+using io::invalid_utf8_at;
 
 /// `s` with every ill-formed sequence replaced by U+FFFD, one per maximal subpart (the Unicode
 /// practice Rust's String::from_utf8_lossy follows, which tokenizers' ByteLevel decoder calls):
@@ -332,12 +305,20 @@ class HFTokenizer {
     nlohmann::json j = io::read_json_file(file_, "tokenizer", "re-download tokenizer.json", size_t{1} << 30);
     HYBRIDRL_CHECK(j.is_object() && j.contains("model") && j["model"].is_object(),
                    fmt::format("'{}' has no \"model\" object", file_), "pass a tokenizer.json of the tokenizers library");
-    load_model(j["model"]);
-    load_added(j.value("added_tokens", nlohmann::json::array()));
-    if (j.contains("normalizer") && !j["normalizer"].is_null()) load_normalizer(j["normalizer"], "normalizer");
-    if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) load_pre_tokenizer(j["pre_tokenizer"], "pre_tokenizer");
-    if (j.contains("post_processor") && !j["post_processor"].is_null()) load_post(j["post_processor"], "post_processor");
-    if (j.contains("decoder") && !j["decoder"].is_null()) load_decoder(j["decoder"], "decoder");
+    try {  // a field of the wrong type or a missing one (nlohmann's get, at, value) is an Error too
+      const auto& m = j["model"];
+      const auto added = j.value("added_tokens", nlohmann::json::array());
+      id_limit_ = static_cast<int64_t>((m.contains("vocab") ? m["vocab"].size() : 0) + added.size()) + kIdGap;
+      load_model(j["model"]);
+      load_added(j.value("added_tokens", nlohmann::json::array()));
+      if (j.contains("normalizer") && !j["normalizer"].is_null()) load_normalizer(j["normalizer"], "normalizer");
+      if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) load_pre_tokenizer(j["pre_tokenizer"], "pre_tokenizer");
+      if (j.contains("post_processor") && !j["post_processor"].is_null()) load_post(j["post_processor"], "post_processor");
+      if (j.contains("decoder") && !j["decoder"].is_null()) load_decoder(j["decoder"], "decoder");
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("'{}': a field is missing or has the wrong type ({})", file_, e.what()),
+                  "pass a tokenizer.json written by the tokenizers library");
+    }
     const auto& chars = detail::hf::byte_chars();
     for (size_t b = 0; b < 256; ++b) byte_level_id_[b] = token_id(chars[b]);
     // a ByteLevel step before another step would need its mapped text: the general path
@@ -478,7 +459,7 @@ class HFTokenizer {
       HYBRIDRL_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0,
                      fmt::format("'{}': model.vocab[\"{}\"] is not a non-negative integer", file_, tok),
                      "pass a complete tokenizer.json");
-      set_token(tok, id.get<int64_t>(), false);
+      set_token(tok, id.get<int64_t>(), false, "model.vocab");
     }
     ignore_merges_ = m.value("ignore_merges", false);
     byte_fallback_ = m.value("byte_fallback", false);
@@ -520,7 +501,24 @@ class HFTokenizer {
     }
   }
 
-  void set_token(const std::string& tok, int64_t id, bool special) {
+  /// Ids index a table of the tokens: an id lies below the file's count of tokens plus a gap of
+  /// 2^16 (a vocabulary may leave holes, as padded ones do) and below 2^31 (a merge packs two ids
+  /// in 64 bits), so a few bytes of JSON cannot make the table take gigabytes.
+  /// A count or id field: a whole number in int64_t (nlohmann's get<int>() of 1e300 is undefined
+  /// behaviour, of 2^64-1 a wrap to -1).
+  int64_t integer_of(const nlohmann::json& v, const std::string& field) const {
+    HYBRIDRL_CHECK(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)),
+                   fmt::format("'{}': {} = {} is not an integer", file_, field, io::brief(v)),
+                   "pass a tokenizer.json written by the tokenizers library");
+    return v.get<int64_t>();
+  }
+
+  void set_token(const std::string& tok, int64_t id, bool special, const char* field) {
+    const int64_t limit = std::min<int64_t>(id_limit_, int64_t{1} << 31);
+    HYBRIDRL_CHECK(id >= 0 && id < limit,
+                   fmt::format("'{}': {} gives \"{}\" the id {}, outside [0, {}) (the file holds {} tokens)", file_, field,
+                               tok.size() > 40 ? tok.substr(0, 40) + "..." : tok, id, limit, id_limit_ - kIdGap),
+                   "pass a consistent tokenizer.json (ids count from 0, with few gaps)");
     vocab_[tok] = id;
     if (tokens_.size() <= static_cast<size_t>(id)) {
       tokens_.resize(static_cast<size_t>(id) + 1);
@@ -535,7 +533,7 @@ class HFTokenizer {
     for (const auto& t : a) {
       detail::hf::AddedToken x;
       x.content = t.at("content").get<std::string>();
-      x.id = t.at("id").get<int64_t>();
+      x.id = integer_of(t.at("id"), "added_tokens[].id");
       x.special = t.value("special", false);
       x.lstrip = t.value("lstrip", false);
       x.rstrip = t.value("rstrip", false);
@@ -543,7 +541,7 @@ class HFTokenizer {
       if (t.value("single_word", false)) {
         unsupported("added_tokens[" + std::to_string(x.id) + "].single_word", "true", "added tokens matched anywhere");
       }
-      set_token(x.content, x.id, x.special);
+      set_token(x.content, x.id, x.special, "added_tokens");
       added_.push_back(x);
     }
     // longest first at each position: sort by length, longest first
@@ -621,6 +619,9 @@ class HFTokenizer {
       views_only_ = false;
       t.kind = K::metaspace;
       t.replacement = p.value("replacement", std::string("\xE2\x96\x81"));
+      // (tokenizers' replacement is one character; an empty one would split at every position)
+      HYBRIDRL_CHECK(!t.replacement.empty(), fmt::format("'{}': {}.replacement is empty", file_, where),
+                     "give the Metaspace pre-tokenizer its replacement character (\"\u2581\")");
       t.prepend_scheme = p.value("prepend_scheme", std::string(p.value("add_prefix_space", true) ? "always" : "never"));
       t.split_words = p.value("split", true);
     } else {
@@ -690,8 +691,11 @@ class HFTokenizer {
     } else if (type == "Strip") {
       x.kind = K::strip;
       x.a = d.value("content", std::string(" "));
-      x.start = d.value("start", 0);
-      x.stop = d.value("stop", 0);
+      // (tokenizers' content is one character; an empty one would be stripped `start` times)
+      HYBRIDRL_CHECK(!x.a.empty(), fmt::format("'{}': {}.content is empty", file_, where),
+                     "give the Strip decoder the character it strips (\" \")");
+      x.start = static_cast<int>(std::min<int64_t>(d.contains("start") ? integer_of(d["start"], where + ".start") : 0, INT32_MAX));
+      x.stop = static_cast<int>(std::min<int64_t>(d.contains("stop") ? integer_of(d["stop"], where + ".stop") : 0, INT32_MAX));
     } else if (type == "Metaspace") {
       x.kind = K::metaspace;
       x.a = d.value("replacement", std::string("\xE2\x96\x81"));
@@ -720,10 +724,15 @@ class HFTokenizer {
     if (std::filesystem::is_regular_file(tokenizer_config, ec)) {
       nlohmann::json c = io::read_json_file(tokenizer_config.string(), "tokenizer config", "fix or re-download it",
                                             size_t{64} << 20);
-      if (c.contains("bos_token")) bos_ = id_of(c["bos_token"], "bos_token");
-      if (c.contains("eos_token")) eos_ = id_of(c["eos_token"], "eos_token");
-      if (c.contains("pad_token")) pad_ = id_of(c["pad_token"], "pad_token");
-      if (c.contains("chat_template") && c["chat_template"].is_string()) chat_template_ = c["chat_template"].get<std::string>();
+      try {
+        if (c.contains("bos_token")) bos_ = id_of(c["bos_token"], "bos_token");
+        if (c.contains("eos_token")) eos_ = id_of(c["eos_token"], "eos_token");
+        if (c.contains("pad_token")) pad_ = id_of(c["pad_token"], "pad_token");
+        if (c.contains("chat_template") && c["chat_template"].is_string()) chat_template_ = c["chat_template"].get<std::string>();
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("'{}': a field has the wrong type ({})", tokenizer_config.string(), e.what()),
+                    "fix or re-download it: a special token is a string or {\"content\": string}");
+      }
     } else if (!prefix_.empty()) {
       bos_ = prefix_.front();
     }
@@ -1118,6 +1127,8 @@ class HFTokenizer {
   }
 
   std::string file_;
+  static constexpr int64_t kIdGap = int64_t{1} << 16;  ///< set_token's allowance for holes between ids
+  int64_t id_limit_ = kIdGap;                          ///< set_token's bound: the file's tokens + kIdGap
   struct StringHash {
     using is_transparent = void;
     size_t operator()(std::string_view v) const noexcept { return std::hash<std::string_view>{}(v); }

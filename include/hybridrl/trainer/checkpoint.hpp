@@ -7,6 +7,9 @@
 ///   RNG states);
 /// - `trainer_state.json` — the step, the loader's position, the algorithm's state, the effective
 ///   configuration.
+/// Every tensor carries its XXH3 checksum in its file's metadata, and trainer_state.json's is in
+/// trainer_state.safetensors (builds with xxHash): a damaged byte is an Error naming the file and
+/// the tensor when the checkpoint loads, never a wrong resume.
 /// Each is built in a temporary sibling directory, every file fsynced, and renamed into place: a
 /// run killed while writing leaves the previous checkpoint whole (and a temporary directory that
 /// the next CheckpointManager removes). Older checkpoints beyond keep_last are removed after a
@@ -29,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
@@ -50,6 +54,14 @@
 
 namespace hybridrl {
 
+namespace detail {
+/// The problem of a checkpoint file whose checksums are gone though trainer_state.json says they were written.
+inline std::string missing_checksums(const std::string& file) {
+  return fmt::format("'{}' holds no checksums, but trainer_state.json says the checkpoint was written with them: "
+                     "the file is damaged", file);
+}
+}  // namespace detail
+
 /// The state of a sharded checkpoint (see the file comment), read by flat ranges from the shard
 /// files (memory-mapped: a rank touches only the bytes it reads). Opening checks the index and
 /// every file: a missing or damaged shard, a piece of an unknown key, or elements of a key in
@@ -58,7 +70,9 @@ class ShardedCheckpointReader final : public StateSource {
  public:
   /// Opens the shards `index` (trainer_state.json's "shards") lists in `dir`; `whole` holds the
   /// tensors of trainer_state.safetensors.
-  ShardedCheckpointReader(std::string dir, const nlohmann::json& index, StateDict whole)
+  /// With `require_checksums` (trainer_state.json says they were written) a shard without them
+  /// is an Error: a damaged metadata key would otherwise turn the check off.
+  ShardedCheckpointReader(std::string dir, const nlohmann::json& index, StateDict whole, bool require_checksums = false)
       : dir_(std::move(dir)), whole_(std::move(whole)) {
     namespace fs = std::filesystem;
     const std::string fix = "resume from another checkpoint (this one is incomplete or damaged)";
@@ -72,9 +86,15 @@ class ShardedCheckpointReader final : public StateSource {
     for (const auto& [k, v] : index["shapes"].items()) {
       if (!v.is_array()) throw bad(fmt::format("gives '{}' a shape that is not a list", k));
       std::vector<int64_t> shape;
+      uint64_t numel = 1;  // at most SafetensorsFile::kMaxElements, so the sums below cannot overflow
       for (const auto& d : v) {
         if (!d.is_number_unsigned()) throw bad(fmt::format("gives '{}' a dimension that is not a count", k));
-        shape.push_back(d.get<int64_t>());
+        const auto n = d.get<uint64_t>();
+        if (n > SafetensorsFile::kMaxElements || (n > 0 && numel > SafetensorsFile::kMaxElements / n)) {
+          throw bad(fmt::format("gives '{}' the impossibly large shape {}", k, io::brief(v)));
+        }
+        numel *= n;
+        shape.push_back(static_cast<int64_t>(n));
       }
       shapes_.emplace(k, std::move(shape));
     }
@@ -88,12 +108,17 @@ class ShardedCheckpointReader final : public StateSource {
       HYBRIDRL_CHECK(fs::is_regular_file(path), fmt::format("checkpoint '{}' has no {} (a rank's shard)", dir_, name),
                      fix);
       files_.emplace_back(path);  // validates the file
+      HYBRIDRL_CHECK(!require_checksums || files_.back().has_checksums(), detail::missing_checksums(path), fix);
       const size_t fi = files_.size() - 1;
       for (const auto& t : files_.back().names()) {
         const auto at = t.rfind('@');
         const auto where = fmt::format("checkpoint '{}', file {}, tensor '{}'", dir_, name, t);
-        HYBRIDRL_CHECK(at != std::string::npos && at + 1 < t.size() &&
-                           t.find_first_not_of("0123456789", at + 1) == std::string::npos,
+        uint64_t start = 0;  // digits only, at most 2^56 (std::stoll threw std::out_of_range past 2^63)
+        const bool digits = at != std::string::npos && at + 1 < t.size() &&
+                            t.find_first_not_of("0123456789", at + 1) == std::string::npos;
+        const auto parsed = digits ? std::from_chars(t.data() + at + 1, t.data() + t.size(), start)
+                                   : std::from_chars_result{t.data(), std::errc::invalid_argument};
+        HYBRIDRL_CHECK(parsed.ec == std::errc() && start <= SafetensorsFile::kMaxElements,
                        fmt::format("{}: not a piece name (<key>@<first element>)", where), fix);
         const auto key = t.substr(0, at);
         HYBRIDRL_CHECK(shapes_.count(key) > 0, fmt::format("{}: a piece of '{}', which the index does not list", where, key),
@@ -101,7 +126,7 @@ class ShardedCheckpointReader final : public StateSource {
         const auto& e = files_.back().entry(t);
         HYBRIDRL_CHECK(e.shape.size() == 1, fmt::format("{}: a piece is 1-D, this one has {} dimensions", where, e.shape.size()),
                        fix);
-        pieces_[key].push_back(Piece{std::stoll(t.substr(at + 1)), e.shape[0], fi, t});
+        pieces_[key].push_back(Piece{static_cast<int64_t>(start), e.shape[0], fi, t});
       }
     }
     for (const auto& [key, shape] : shapes_) {  // the pieces of each key tile its elements
@@ -192,6 +217,26 @@ struct CheckpointData {
   /// A sharded checkpoint's state (every tensor, by flat range); null for a full one.
   std::shared_ptr<const ShardedCheckpointReader> sharded;
 
+  /// trainer_state.json's "algorithm_state" (what the algorithm's save_state wrote: names and
+  /// numbers); empty when absent. Any other value is an Error naming the checkpoint.
+  [[nodiscard]] std::map<std::string, double> algorithm_state() const {
+    std::map<std::string, double> out;
+    if (!meta.is_object() || !meta.contains("algorithm_state")) return out;
+    const auto& s = meta["algorithm_state"];
+    for (auto it = s.begin(); s.is_object() && it != s.end(); ++it) {
+      HYBRIDRL_CHECK(it.value().is_number(),
+                     fmt::format("checkpoint '{}': trainer_state.json's algorithm_state['{}'] = {} is not a number",
+                                 path, it.key(), io::brief(it.value())),
+                     "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
+      out.emplace(it.key(), it.value().get<double>());
+    }
+    HYBRIDRL_CHECK(s.is_object(),
+                   fmt::format("checkpoint '{}': trainer_state.json's algorithm_state is {}, not an object", path,
+                               s.type_name()),
+                   "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
+    return out;
+  }
+
   /// The state's tensors by key, whatever the format (valid while this object lives).
   [[nodiscard]] std::shared_ptr<const StateSource> source() const {
     if (sharded) return sharded;
@@ -274,13 +319,15 @@ class CheckpointManager {
     }
     meta["step"] = step;
     meta["format"] = 1;
+    if (kHaveChecksums) meta["checksums"] = "xxh3";  // load() then requires them in every file
     {
       io::AtomicDirectory out(path);
       const fs::path tmp = out.temp_path();
-      save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
-      save_safetensors((tmp / "trainer_state.safetensors").string(), rest);
+      const auto state_json = meta.dump(2);
+      save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}}, /*checksums=*/true);
+      save_safetensors((tmp / "trainer_state.safetensors").string(), rest, state_metadata(state_json), true);
       if (hf_config) io::write_file_atomic((tmp / "config.json").string(), hf_config->dump(2));
-      io::write_file_atomic((tmp / "trainer_state.json").string(), meta.dump(2));
+      io::write_file_atomic((tmp / "trainer_state.json").string(), state_json);
       out.commit();
     }
     prune();
@@ -335,7 +382,8 @@ class CheckpointManager {
                        "file system), or set trainer.checkpoint_format=full (rank 0 writes everything)");
         std::map<std::string, at::Tensor> named;
         for (const auto& [k, t] : mine.pieces) named.emplace(fmt::format("{}@{}", k.first, k.second), t);
-        save_safetensors((fs::path(tmp) / shard_name(rank, ranks)).string(), named, {{"format", "hybridrl-shard"}});
+        save_safetensors((fs::path(tmp) / shard_name(rank, ranks)).string(), named, {{"format", "hybridrl-shard"}},
+                         /*checksums=*/true);
         status = 1;
       } catch (...) {
         failed = std::current_exception();
@@ -367,12 +415,16 @@ class CheckpointManager {
         for (const auto& [k, v] : mine.shapes) shapes[k] = v;
         meta["step"] = step;
         meta["format"] = 1;
+        if (kHaveChecksums) meta["checksums"] = "xxh3";
         meta["checkpoint_format"] = "sharded";
         meta["shards"] = {{"files", files}, {"shapes", shapes}};
-        save_safetensors((fs::path(tmp) / "trainer_state.safetensors").string(), whole);
-        if (!hf_weights.empty()) save_safetensors((fs::path(tmp) / "model.safetensors").string(), hf_weights, {{"format", "pt"}});
+        const auto state_json = meta.dump(2);
+        save_safetensors((fs::path(tmp) / "trainer_state.safetensors").string(), whole, state_metadata(state_json), true);
+        if (!hf_weights.empty()) {
+          save_safetensors((fs::path(tmp) / "model.safetensors").string(), hf_weights, {{"format", "pt"}}, true);
+        }
         if (hf_config) io::write_file_atomic((fs::path(tmp) / "config.json").string(), hf_config->dump(2));
-        io::write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), meta.dump(2));
+        io::write_file_atomic((fs::path(tmp) / "trainer_state.json").string(), state_json);
         out->commit();
         lead->prune();
       } catch (...) {
@@ -405,36 +457,95 @@ class CheckpointManager {
                      fmt::format("checkpoint '{}' has no {}", path, f),
                      "resume from a complete checkpoint directory (checkpoints/step_…), or set trainer.resume=never");
     }
+    const std::string damaged = "resume from another checkpoint (the file was not written by hybridrl or is damaged)";
     const auto state_file = (fs::path(path) / "trainer_state.json").string();
-    d.meta = io::read_json_file(state_file, "trainer state",
-                                "resume from another checkpoint (the file was not written by hybridrl or is damaged)",
-                                size_t{64} << 20);
+    const auto text = io::read_text_file(state_file, "trainer state", size_t{64} << 20);
+    auto parsed = io::parse_json(text);
+    HYBRIDRL_CHECK(static_cast<bool>(parsed), fmt::format("'{}' is not valid JSON ({})", state_file, parsed.error), damaged);
+    d.meta = std::move(parsed.value);
+    const SafetensorsFile state((fs::path(path) / "trainer_state.safetensors").string());
+    // trainer_state.json's checksum lives in trainer_state.safetensors (written together): a
+    // changed digit in the step or the loader's position is an Error, not a silently other resume
+    if (const auto it = state.metadata().find(kStateJsonChecksumKey); it != state.metadata().end() && kHaveChecksums) {
+      const auto got = detail::xxh3_hex(text.data(), text.size());
+      HYBRIDRL_CHECK(got == it->second,
+                     fmt::format("'{}' does not match the checksum written with it in trainer_state.safetensors "
+                                 "(XXH3 {} stored, {} read): the file is damaged", state_file, it->second, got),
+                     damaged);
+    }
+    // written with checksums: every file must still hold them (a flipped bit in a metadata key
+    // name would otherwise switch the check off and let a damaged tensor load)
+    const bool summed = kHaveChecksums && d.meta.is_object() && d.meta.contains("checksums");
+    if (summed) {
+      HYBRIDRL_CHECK(state.metadata().count(kStateJsonChecksumKey) != 0 && state.has_checksums(),
+                     detail::missing_checksums((fs::path(path) / "trainer_state.safetensors").string()), damaged);
+    }
     try {
-      d.step = d.meta.at("step").get<int64_t>();
+      const auto& step = d.meta.at("step");  // get<int64_t>() of 1e300 is undefined, of 2^64-1 a wrap
+      HYBRIDRL_CHECK(step.is_number_integer() && !(step.is_number_unsigned() && step.get<uint64_t>() > INT64_MAX) &&
+                         step.get<int64_t>() >= 0,
+                     fmt::format("checkpoint '{}': trainer_state.json's step = {} is not a step number", path,
+                                 io::brief(step)),
+                     "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
+      d.step = step.get<int64_t>();
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("checkpoint '{}': trainer_state.json is not valid ({})", path, e.what()),
                   "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
     }
-    for (auto& [k, t] : load_safetensors((fs::path(path) / "trainer_state.safetensors").string())) {
-      d.tensors.emplace(k, std::move(t));
-    }
-    if (d.meta.value("checkpoint_format", std::string("full")) == "sharded") {
+    for (const auto& k : state.names()) d.tensors.emplace(k, state.get(k).clone());
+    const auto& format = d.meta.contains("checkpoint_format") ? d.meta["checkpoint_format"] : nlohmann::json("full");
+    HYBRIDRL_CHECK(format.is_string(),
+                   fmt::format("checkpoint '{}': trainer_state.json's checkpoint_format = {} is not a string", path,
+                               io::brief(format)),
+                   "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
+    if (format == "sharded") {
       HYBRIDRL_CHECK(d.meta.contains("shards"), fmt::format("checkpoint '{}': trainer_state.json has no shards index", path),
                      "resume from another checkpoint (the file was not written by hybridrl or is damaged)");
-      d.sharded = std::make_shared<ShardedCheckpointReader>(path, d.meta["shards"], d.tensors);
+      d.sharded = std::make_shared<ShardedCheckpointReader>(path, d.meta["shards"], d.tensors, summed);
       return d;
     }
     HYBRIDRL_CHECK(fs::exists(fs::path(path) / "model.safetensors"), fmt::format("checkpoint '{}' has no model.safetensors", path),
                    "resume from a complete checkpoint directory (checkpoints/step_…), or set trainer.resume=never");
-    for (auto& [k, t] : load_safetensors((fs::path(path) / "model.safetensors").string())) {
-      d.tensors.emplace(std::string(kModelPrefix) + k, std::move(t));
-    }
+    const SafetensorsFile model((fs::path(path) / "model.safetensors").string());
+    HYBRIDRL_CHECK(!summed || model.has_checksums(), detail::missing_checksums((fs::path(path) / "model.safetensors").string()),
+                   damaged);
+    for (const auto& k : model.names()) d.tensors.emplace(std::string(kModelPrefix) + k, model.get(k).clone());
     return d;
+  }
+
+  /// Replaces checkpoint `path`'s trainer_state.json with `meta` (a tool that edits the state
+  /// on purpose: the loader's position, the step) and stamps its new checksum into
+  /// trainer_state.safetensors; both files are written atomically, the tensors unchanged.
+  static void write_state_json(const std::string& path, const nlohmann::json& meta) {
+    namespace fs = std::filesystem;
+    const auto text = meta.dump(2);
+    const auto state_file = (fs::path(path) / "trainer_state.safetensors").string();
+    std::map<std::string, at::Tensor> tensors;
+    std::map<std::string, std::string> metadata;
+    {
+      const SafetensorsFile state(state_file);
+      for (const auto& k : state.names()) tensors.emplace(k, state.get(k).clone());
+      for (const auto& [k, v] : state.metadata()) {
+        if (k != kStateJsonChecksumKey && k != kChecksumKey) metadata.emplace(k, v);
+      }
+    }
+    for (const auto& [k, v] : state_metadata(text)) metadata[k] = v;
+    save_safetensors(state_file, tensors, metadata, /*checksums=*/true);
+    io::write_file_atomic((fs::path(path) / "trainer_state.json").string(), text);
   }
 
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
 
  private:
+  /// `__metadata__` key of trainer_state.safetensors that holds trainer_state.json's XXH3.
+  static constexpr const char* kStateJsonChecksumKey = "hybridrl.trainer_state_json.xxh3";
+
+  /// trainer_state.safetensors' metadata: the checksum of `state_json` (builds with xxHash).
+  static std::map<std::string, std::string> state_metadata(const std::string& state_json) {
+    if (!kHaveChecksums) return {};
+    return {{kStateJsonChecksumKey, detail::xxh3_hex(state_json.data(), state_json.size())}};
+  }
+
   /// Removes the oldest complete checkpoints beyond keep_last.
   void prune() {
     auto all = list();

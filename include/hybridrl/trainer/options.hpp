@@ -76,8 +76,19 @@ struct TrainerOptions {
   /// Sharded checkpoints also hold model.safetensors, the full weights under Hugging Face names
   /// (gathered a layer at a time; rank 0 writes them).
   HYBRIDRL_ARG(bool, checkpoint_hf_weights) = false;
+  /// A step with a NaN or infinite reward, or with non-finite gradients (from NaN logits, a
+  /// diverged loss): `skip` reports it (reward_nonfinite, skipped_updates, skipped_step) and
+  /// trains on without it; `stop` ends the run with an Error naming the step, after its metrics
+  /// are written and without a checkpoint of it (the last checkpoint is the one to resume from).
+  HYBRIDRL_ARG(std::string, on_nonfinite) = "skip";
+  /// Online: write every this many steps the step's rollout batch after scoring (prompts,
+  /// responses, masks, the engine's log-probs, rewards; the sampling seed and the weights'
+  /// fingerprint in its metadata) to output_dir/rollouts/step_<step>_rank_<rank>.safetensors, to
+  /// look at or to replay (FitParts::replay_dir); 0: none.
+  HYBRIDRL_ARG(int64_t, record_rollouts_every) = 0;
   HYBRIDRL_FIELDS(total_steps, output_dir, save_every, keep_last, resume, seed, log_every, tensorboard,
-                  plot_every, save_model, checkpoint_format, checkpoint_hf_weights)
+                  plot_every, save_model, checkpoint_format, checkpoint_hf_weights, on_nonfinite,
+                  record_rollouts_every)
 
   /// Throws hybridrl::Error for a negative count or keep_last below 1.
   void validate() const {
@@ -92,6 +103,15 @@ struct TrainerOptions {
     HYBRIDRL_CHECK(plot_every_ >= 0, fmt::format("plot_every = {} is negative", plot_every_),
                    "give a step interval, or 0 to plot at the end only");
     HYBRIDRL_CHECK(!resume_.empty(), "resume is empty", "use auto, never, or a checkpoint directory");
+    HYBRIDRL_CHECK(record_rollouts_every_ >= 0, fmt::format("record_rollouts_every = {} is negative", record_rollouts_every_),
+                   "give a step interval, or 0 to record no rollouts");
+    HYBRIDRL_CHECK(record_rollouts_every_ == 0 || !output_dir_.empty(),
+                   fmt::format("record_rollouts_every = {} but output_dir is empty: the rollouts have nowhere to go",
+                               record_rollouts_every_),
+                   "set trainer.output_dir, or trainer.record_rollouts_every=0");
+    HYBRIDRL_CHECK(on_nonfinite_ == "skip" || on_nonfinite_ == "stop",
+                   fmt::format("on_nonfinite = '{}' is not a choice", on_nonfinite_),
+                   "use skip (report the step and train on) or stop (end the run at the first such step)");
     HYBRIDRL_CHECK(checkpoint_format_ == "full" || checkpoint_format_ == "sharded",
                    fmt::format("checkpoint_format = '{}' is not a format", checkpoint_format_),
                    "use full (rank 0 writes the gathered state) or sharded (every rank writes its part)");

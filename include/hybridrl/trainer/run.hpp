@@ -21,8 +21,10 @@
 /// builtin_trainers() names every preset of trainer/presets.hpp: link `hybridrl::presets`, or the
 /// translation unit that calls it compiles all their fit loops.
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cctype>
@@ -50,6 +52,7 @@
 #include "hybridrl/model/pretrained.hpp"
 #include "hybridrl/distributed/c10d_communicator.hpp"
 #include "hybridrl/distributed/environment.hpp"
+#include "hybridrl/sharding/tp3d.hpp"
 #include "hybridrl/tokenizer/chat.hpp"
 #include "hybridrl/tokenizer/hf_tokenizer.hpp"
 #include "hybridrl/tokenizer/tokenizer.hpp"
@@ -67,12 +70,47 @@
 
 namespace hybridrl {
 
-/// Throws for a `device` option that names no device (the problem starts with the field name).
+/// Throws for a `device` option that names no device, or one hybridrl does not run on (mps, xla,
+/// ...: LibTorch parses them); the problem starts with the field name.
 inline void check_device_option(const std::string& device) {
+  std::optional<at::Device> d;
   try {
-    (void)at::Device(device);
+    d.emplace(device);
   } catch (const std::exception&) {
     throw Error(fmt::format("device = \"{}\" is not a device", device), "use cpu, cuda or cuda:<index>");
+  }
+  HYBRIDRL_CHECK(d->is_cpu() || d->is_cuda(), fmt::format("device = \"{}\" is neither cpu nor cuda", device),
+                 "use cpu, cuda or cuda:<index> (the devices hybridrl runs on)");
+}
+
+/// Throws unless `device` (a checked device option, e.g. model.device) is a device this process
+/// sees and `dtype` computes there (a 2×2 matrix product in it): run before anything loads, so a
+/// GPU that is not there, or a dtype without kernels on the device (float16 on LibTorch's CPU), is
+/// not a crash at the first forward. `key` names the options in the message ("model").
+inline void check_device_available(const std::string& device, at::ScalarType dtype, std::string_view key = "model") {
+  const at::Device d(device);
+  if (d.is_cuda()) {
+    const auto n = static_cast<int64_t>(torch::cuda::device_count());
+    HYBRIDRL_CHECK(n > 0,
+                   fmt::format("{}.device = {} but this process sees no CUDA device{}", key, device,
+                               at::hasCUDA() ? "" : " (this LibTorch is built without CUDA)"),
+                   fmt::format("use {}.device=cpu, or run where a GPU is visible (CUDA_VISIBLE_DEVICES, a CUDA build "
+                               "of LibTorch)",
+                               key));
+    HYBRIDRL_CHECK(!d.has_index() || d.index() < n,
+                   fmt::format("{}.device = {} but this process sees {} CUDA device(s), cuda:0 to cuda:{}", key, device,
+                               n, n - 1),
+                   fmt::format("use {}.device=cuda (a launched rank takes cuda:LOCAL_RANK) or an index below {}", key, n));
+  }
+  try {
+    const auto x = at::ones({2, 2}, at::TensorOptions().dtype(dtype).device(d));
+    (void)at::mm(x, x);
+  } catch (const c10::Error&) {
+    throw Error(fmt::format("{}.dtype = {} has no matrix multiply on {} in this LibTorch", key,
+                            detail::dtype_name(dtype), device),
+                d.is_cuda() ? fmt::format("use {}.dtype=float16 or float32 on this GPU (bfloat16 needs compute "
+                                          "capability 8.0 or newer)", key)
+                            : fmt::format("use {}.dtype=float32 or bfloat16 on the CPU (float16 is for CUDA)", key));
   }
 }
 
@@ -107,10 +145,14 @@ struct RunModelOptions {
 
   void validate() const {
     HYBRIDRL_CHECK(path_.empty() != init_.empty(),
-                   path_.empty() ? std::string("neither path nor init is set") : std::string("both path and init are set"),
+                   fmt::format("path = \"{}\", init = \"{}\": {}", path_, init_,
+                               path_.empty() ? "neither path nor init is set" : "both path and init are set"),
                    "pass model.path=DIR (a Hugging Face checkpoint) or model.init=tiny, one of them");
     HYBRIDRL_CHECK(init_.empty() || init_ == "tiny", fmt::format("init = \"{}\" is not a built-in model", init_),
                    "use model.init=tiny");
+    HYBRIDRL_CHECK(c10::isFloatingType(dtype_),
+                   fmt::format("dtype = {} is not a floating-point type", detail::dtype_name(dtype_)),
+                   "use model.dtype=float32, bfloat16, or float16 on CUDA");
     check_device_option(device_);
     check_chat_format_option(chat_format_);
   }
@@ -227,6 +269,10 @@ struct RunConfig {
     detail::validate_member(task_, "task");
     detail::validate_member(distributed_, "distributed");
     if constexpr (T::has_rollout) detail::validate_member(reward_, "reward");
+    HYBRIDRL_CHECK(distributed_.backend() != "nccl" || model_.device().rfind("cuda", 0) == 0,
+                   fmt::format("distributed.backend = nccl but model.device = {}: NCCL carries CUDA tensors only",
+                               model_.device()),
+                   "use distributed.backend=gloo (or auto) for a CPU run, or model.device=cuda");
     run_.resolved(world).validate();
     HYBRIDRL_CHECK(!task_.name().empty() || !run_.data().train_files().empty(),
                    "neither task.name nor data.train_files is set",
@@ -278,10 +324,9 @@ struct AnyTokenizer {
   }
 };
 
-/// The small random model of model.init=tiny: 2 layers × 128, 4 heads (2 KV heads), the byte
-/// tokenizer's 259-token vocabulary, 256 positions, tied embeddings; initialised from `seed` as
-/// transformers initialises a Llama.
-inline CausalLM tiny_llama(uint64_t seed, at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU) {
+/// The configuration of model.init=tiny: 2 layers × 128, 4 heads (2 KV heads), the byte
+/// tokenizer's 259-token vocabulary, 256 positions, tied embeddings.
+inline ModelConfig tiny_llama_config() {
   ModelConfig c;
   const ByteTokenizer bt;
   c.vocab_size = bt.vocab_size();
@@ -295,6 +340,13 @@ inline CausalLM tiny_llama(uint64_t seed, at::ScalarType dtype = at::kFloat, at:
   c.bos_token_id = bt.bos_id();
   c.eos_token_id = bt.eos_id();
   c.tie_word_embeddings = true;
+  return c;
+}
+
+/// The small random model of model.init=tiny (tiny_llama_config), initialised from `seed` as
+/// transformers initialises a Llama.
+inline CausalLM tiny_llama(uint64_t seed, at::ScalarType dtype = at::kFloat, at::Device device = at::kCPU) {
+  const ModelConfig c = tiny_llama_config();
   torch::manual_seed(static_cast<int64_t>(seed));
   CausalLM m(c);
   {  // as transformers initialises a Llama: matrices ~ N(0, initializer_range), norms 1
@@ -438,6 +490,54 @@ inline BatchRewardFn make_run_reward(const RunRewardOptions& ro, const TaskOptio
     return reward_model_reward(rm, ro.micro_batch_size());
   }
   return batched(name == "task" ? task_reward() : builtin_reward(name));
+}
+
+/// Throws unless reward.* names a reward `make_run_reward` can make: one of `custom`, task, model,
+/// or a built-in rule (checked before anything loads, not after the weights).
+inline void check_reward_option(const RunRewardOptions& ro, const std::map<std::string, BatchRewardFn>& custom = {}) {
+  const auto& name = ro.name();
+  if (name.empty() || name == "task" || name == "model" || custom.count(name) != 0) return;
+  (void)builtin_reward(name);  // throws: not a built-in reward, with the list
+}
+
+/// Throws when the run asks more of the model than its configuration `c` gives, before the
+/// weights load: a prompt of data.max_prompt_length plus rollout.max_new_tokens past
+/// max_position_embeddings (the responses of the longest prompts would be cut short), a KV pool
+/// (rollout.kv_cache_tokens) that cannot hold one such sequence, attention heads, KV heads, MLP or
+/// vocabulary that sharding.tensor_parallel_size does not split.
+template <class T>
+void check_run_fits_model(const RunConfig<T>& cfg, const ModelConfig& c) {
+  const auto& run = cfg.run();
+  if constexpr (T::has_rollout && requires { run.rollout().sampling().max_new_tokens(); }) {
+    const int64_t prompt = run.data().dataset().max_prompt_length(), new_tokens = run.rollout().sampling().max_new_tokens();
+    const int64_t context = c.max_position_embeddings;
+    HYBRIDRL_CHECK(prompt == 0 || prompt + new_tokens <= context,
+                   fmt::format("data.max_prompt_length + rollout.max_new_tokens = {} + {} = {} exceeds the model's "
+                               "max_position_embeddings = {}: the responses of the longest prompts would stop after {} "
+                               "tokens",
+                               prompt, new_tokens, prompt + new_tokens, context, std::max<int64_t>(context - prompt, 0)),
+                   fmt::format("lower data.max_prompt_length or rollout.max_new_tokens so that they add up to at most {}, "
+                               "or use a model with a longer context",
+                               context));
+    if constexpr (requires { run.rollout().kv_cache_tokens(); run.rollout().block_size(); }) {
+      const int64_t kv = run.rollout().kv_cache_tokens(), bs = run.rollout().block_size();
+      if (kv > 0) {  // as Rollout<Paged> counts one request: prompt and response blocks, one more for a fork
+        const int64_t longest = std::max<int64_t>(prompt, 1);
+        const int64_t tokens = longest + std::min(new_tokens, context - longest) - 1;
+        const int64_t need = (tokens + bs - 1) / bs + 1, have = (kv + bs - 1) / bs;
+        HYBRIDRL_CHECK(need <= have,
+                       fmt::format("rollout.kv_cache_tokens = {} holds {} KV block(s) of {} tokens, but one sequence "
+                                   "({} prompt token(s), up to {} new) needs {}",
+                                   kv, have, bs, longest, new_tokens, need),
+                       fmt::format("raise rollout.kv_cache_tokens to at least {} (or 0: sized from free memory on "
+                                   "CUDA), or lower rollout.max_new_tokens / data.max_prompt_length",
+                                   need * bs));
+      }
+    }
+  }
+  if constexpr (requires { run.sharding().tensor_parallel_size(); }) {
+    detail::tp3d::check_divisible(c, run.sharding().tensor_parallel_size());
+  }
 }
 
 /// The response text a reward reads: `tok`'s decode, leaving out ids past its vocabulary (a model
@@ -603,9 +703,14 @@ int run_trainer(const ConfigSources& sources, const std::string& label, bool pri
   if (lead) std::fprintf(stderr, "hybridrl train: %s\n%s", label.c_str(), describe(effective).c_str());
   if (print_only) return 0;
   // several ranks: meet the others first (a missing rank fails here, within store_timeout_s)
+  // what the model needs of the device and the configuration, before the rendezvous and any load
+  check_device_available(cfg.model().device(), cfg.model().dtype());
+  if constexpr (T::has_rollout) check_reward_option(cfg.reward(), rewards);
+  check_run_fits_model(cfg, cfg.model().init().empty() ? load_config(cfg.model().path()) : tiny_llama_config());
   std::string device = cfg.model().device();
   auto comm = connect_run_ranks(cfg.distributed(), device);
   if (comm) {
+    if (device != cfg.model().device()) check_device_available(device, cfg.model().dtype());  // cuda:LOCAL_RANK
     cfg.model().device(device);
     const auto actor = static_cast<int64_t>(cfg.run().placement().actor_ranks(comm->size()).size());
     if (lead) std::fprintf(stderr, "hybridrl train: %s\n", describe_ranks(*comm, *launch, cfg.run().sharding(), actor).c_str());

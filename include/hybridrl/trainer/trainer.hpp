@@ -45,6 +45,8 @@
 #include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/io/atomic_file.hpp"
 #include "hybridrl/model/causal_lm.hpp"
+#include "hybridrl/model/fingerprint.hpp"
+#include "hybridrl/trainer/recorded_step.hpp"
 #include "hybridrl/model/pretrained.hpp"
 #include "hybridrl/rollout/generation.hpp"
 #include "hybridrl/sharding/optimizer.hpp"
@@ -61,14 +63,15 @@ namespace hybridrl {
 namespace detail {
 
 /// A step's metrics over the ranks of `comm` (collective; every rank has the same keys): times,
-/// memory, geometry/ and keys ending in `_max` the largest over ranks, keys ending in `_min` the smallest,
+/// memory, geometry/ and keys ending in `_max` or `_fingerprint` the largest over ranks, keys ending in `_min` the smallest,
 /// tokens_per_s the sum, the rest the mean.
 inline void reduce_metrics(std::map<std::string, double>& m, Communicator& comm) {
   auto ends_with = [](const std::string& k, std::string_view tail) {
     return k.size() >= tail.size() && k.compare(k.size() - tail.size(), tail.size(), tail) == 0;
   };
   auto kind = [&](const std::string& k) {
-    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("geometry/", 0) == 0 || ends_with(k, "_max")) {
+    if (k.rfind("time/", 0) == 0 || k.rfind("memory/", 0) == 0 || k.rfind("geometry/", 0) == 0 || ends_with(k, "_max") ||
+        ends_with(k, "_fingerprint")) {
       return 1;
     }
     if (ends_with(k, "_min")) return 3;  // the smallest: the largest of the negated values
@@ -309,6 +312,13 @@ struct FitParts {
   /// takes its share of every batch, the policy (and critic) are sharded over the group, the loss
   /// counts and metrics are global, and rank 0 alone writes files. nullptr: one process.
   std::shared_ptr<Communicator> comm;
+  /// Online: a directory of recorded rollouts (a run's output_dir/rollouts, written with
+  /// trainer.record_rollouts_every). Every step of this run takes its batch — tokens, masks, the
+  /// engine's log-probs, rewards — from the recording of its step number instead of generating
+  /// and scoring; resumed from the checkpoint before the first recorded step, the steps replay to
+  /// the recorded run's losses bit for bit (trainer/recorded_step.hpp). Metric
+  /// replay/weights_fingerprint: the recording's rollout/weights_fingerprint.
+  std::string replay_dir;
 };
 
 /// One concrete trainer type composed from policies. See the file comment for the two forms.
@@ -470,6 +480,12 @@ class Trainer {
                        "set trainer.checkpoint_format=full (it loads at any world size too), or use Sharding<FSDP>");
       }
       if constexpr (has_rollout) detail::validate_member(rollout_, "rollout");
+      if constexpr (!has_rollout) {
+        HYBRIDRL_CHECK(trainer_.record_rollouts_every() == 0,
+                       fmt::format("trainer.record_rollouts_every = {} but an offline algorithm generates no rollouts",
+                                   trainer_.record_rollouts_every()),
+                       "set trainer.record_rollouts_every=0 (the dataset is the record of an offline run)");
+      }
       detail::validate_member(loader_, "loader");
       detail::validate_member(placement_, "placement");
       const BatchGeometry g = effective_geometry();
@@ -927,7 +943,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     if constexpr (has_critic) detail::load_engine_state(*critic, PrefixedSource(*src, "critic."));
     if constexpr (detail::saves_algorithm_state<algorithm_type>) {
       if (ckpt->meta.contains("algorithm_state")) {
-        algorithm_type::load_state(state, ckpt->meta["algorithm_state"].template get<std::map<std::string, double>>());
+        algorithm_type::load_state(state, ckpt->algorithm_state());
       }
     }
     step = ckpt->step;
@@ -1095,46 +1111,58 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     if constexpr (has_rollout) {
       // generate: n samples per prompt, noise from (run seed, step, group, sample)
       const auto g0 = clock::now();
-      auto prompts = repeat_for_rollout(*got, g.rollout_n());  // group ids of the whole batch
-      // this rank's prompts, whole groups (their advantages are computed here). A tensor-parallel
-      // group trains on one share but generates it split over its ranks (each a TP = 1 engine with
-      // the full weights): generation shares go by world rank, training shares by data rank, and
-      // with the tensor axis innermost a group's generation shares tile its training share.
-      const int64_t gen_parts = shared_batches ? world : dp, gen_index = shared_batches ? rank : dp_rank;
-      if (gen_parts > 1) {
-        HYBRIDRL_CHECK(got->size() % gen_parts == 0,
-                       fmt::format("step {}: {} prompts do not split over {} generating ranks", step, got->size(),
-                                   gen_parts),
-                       "make data.train_batch_size a multiple of the number of ranks (and loader.drop_last=true)");
-        const auto share = prompts.size() / gen_parts;
-        prompts = prompts.slice(gen_index * share, (gen_index + 1) * share);
+      if constexpr (requires { rollout->model(); }) {  // the weights this step generates with
+        m["rollout/weights_fingerprint"] = static_cast<double>(weights_fingerprint(*rollout->model()));
       }
-      auto sampling = o.rollout().sampling();
-      sampling.seed(request_seed(sampling.seed(), step));
-      if (released) rollout->resume_memory();
-      batch = rollout->generate(prompts, sampling).to(device);
-      const auto rs = rollout->stats();
-      step_tokens = rs.prompt_tokens + rs.generated_tokens;
-      m["memory/kv_cache_gb"] = static_cast<double>(rs.kv_cache_bytes) / (1024.0 * 1024.0 * 1024.0);
-      m["rollout/kv_peak_utilization"] = rs.kv_peak_utilization;
-      m["rollout/tokens_per_s"] = rs.seconds > 0 ? static_cast<double>(rs.generated_tokens) / rs.seconds : 0.0;
-      if (shared_batches) {  // the group's shares, padded to their longest prompt and response, in rank order
-        auto tokens = at::tensor(std::vector<int64_t>{step_tokens}, at::kLong).to(device);
-        tp_comm->all_reduce(tokens, ReduceOp::sum);
-        step_tokens = tokens.to(at::kCPU).item<int64_t>();
-        batch = detail::gather_rollout_rows(batch, *tp_comm, pad_id, device);
-      }
-      if constexpr (requires { o.rollout().free_cache_engine(); }) {
-        if (o.rollout().free_cache_engine()) {
-          rollout->release_memory();  // the KV pool's memory goes to the scoring and update phases
-          released = true;
+      const bool replaying = !parts.replay_dir.empty();
+      if (replaying) {  // the step's batch as a run recorded it: no generation, no reward call
+        RecordedStepInfo recorded;
+        batch = read_recorded_step(parts.replay_dir, step, rank, world, device, &recorded);
+        step_tokens = batch.tensor(keys::attention_mask).sum().template item<int64_t>();
+        m["replay/weights_fingerprint"] = recorded.weights_fingerprint;  // the recording's weights
+      } else {
+        auto prompts = repeat_for_rollout(*got, g.rollout_n());  // group ids of the whole batch
+        // this rank's prompts, whole groups (their advantages are computed here). A tensor-parallel
+        // group trains on one share but generates it split over its ranks (each a TP = 1 engine with
+        // the full weights): generation shares go by world rank, training shares by data rank, and
+        // with the tensor axis innermost a group's generation shares tile its training share.
+        const int64_t gen_parts = shared_batches ? world : dp, gen_index = shared_batches ? rank : dp_rank;
+        if (gen_parts > 1) {
+          HYBRIDRL_CHECK(got->size() % gen_parts == 0,
+                         fmt::format("step {}: {} prompts do not split over {} generating ranks", step, got->size(),
+                                     gen_parts),
+                         "make data.train_batch_size a multiple of the number of ranks (and loader.drop_last=true)");
+          const auto share = prompts.size() / gen_parts;
+          prompts = prompts.slice(gen_index * share, (gen_index + 1) * share);
+        }
+        auto sampling = o.rollout().sampling();
+        sampling.seed(request_seed(sampling.seed(), step));
+        if (released) rollout->resume_memory();
+        batch = rollout->generate(prompts, sampling).to(device);
+        const auto rs = rollout->stats();
+        step_tokens = rs.prompt_tokens + rs.generated_tokens;
+        m["memory/kv_cache_gb"] = static_cast<double>(rs.kv_cache_bytes) / (1024.0 * 1024.0 * 1024.0);
+        m["rollout/kv_peak_utilization"] = rs.kv_peak_utilization;
+        m["rollout/tokens_per_s"] = rs.seconds > 0 ? static_cast<double>(rs.generated_tokens) / rs.seconds : 0.0;
+        if (shared_batches) {  // the group's shares, padded to their longest prompt and response, in rank order
+          auto tokens = at::tensor(std::vector<int64_t>{step_tokens}, at::kLong).to(device);
+          tp_comm->all_reduce(tokens, ReduceOp::sum);
+          step_tokens = tokens.to(at::kCPU).item<int64_t>();
+          batch = detail::gather_rollout_rows(batch, *tp_comm, pad_id, device);
+        }
+        if constexpr (requires { o.rollout().free_cache_engine(); }) {
+          if (o.rollout().free_cache_engine()) {
+            rollout->release_memory();  // the KV pool's memory goes to the scoring and update phases
+            released = true;
+          }
         }
       }
       m["time/generate"] = std::chrono::duration<double>(clock::now() - g0).count();
       phase_peak("generate");
       // reward
       const auto w0 = clock::now();
-      const auto scores = pl.reward_apart
+      const auto scores = replaying ? batch.tensor(keys::scores)
+                          : pl.reward_apart
                               ? exchange(detail::PlacedOp::reward, batch, pl.reward, score_reward, true).tensor(keys::scores)
                               : detail::score_rollout(batch, reward, parts.decode);
       const auto finite = at::isfinite(scores);
@@ -1158,6 +1186,15 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       }
       batch.set(keys::scores, scores);
       if (token_scores) batch.set(keys::token_level_scores, scores_on_last_token(scores, batch.tensor(keys::response_mask)));
+      if (!replaying && t.record_rollouts_every() > 0 && step % t.record_rollouts_every() == 0) {
+        RecordedStepInfo info;
+        info.step = step;
+        info.rank = rank;
+        info.world = world;
+        info.sampling_seed = request_seed(o.rollout().sampling().seed(), step);
+        info.weights_fingerprint = m.count("rollout/weights_fingerprint") != 0 ? m["rollout/weights_fingerprint"] : 0.0;
+        record_step((std::filesystem::path(t.output_dir()) / "rollouts").string(), batch, info);
+      }
       const auto lens = batch.tensor(keys::response_mask).to(at::kDouble).sum(1);
       m["response_length_mean"] = lens.mean().template item<double>();
       m["time/reward"] = std::chrono::duration<double>(clock::now() - w0).count();
@@ -1394,6 +1431,19 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     // rest is the mean, times and memory the largest, tokens_per_s the sum
     if (dp > 1) detail::reduce_metrics(m, *dp_comm);  // a tensor-parallel group's ranks agree already
     log.log(step, m);
+    if (t.on_nonfinite() == "stop") {  // the metrics are reduced: every rank stops alike
+      const double bad_rewards = m.count("reward_nonfinite") != 0 ? m["reward_nonfinite"] : 0.0;
+      const double bad_updates = m["skipped_updates"];
+      HYBRIDRL_CHECK(bad_rewards == 0 && bad_updates == 0,
+                     fmt::format("step {}: {} (trainer.on_nonfinite = stop); metrics.jsonl holds the step", step,
+                                 bad_rewards > 0 ? fmt::format("{} rewards are NaN or infinite", bad_rewards)
+                                                 : fmt::format("the gradients of {} update(s) are NaN or infinite "
+                                                               "(a NaN in the logits or the loss)", bad_updates)),
+                     fmt::format("resume from the last checkpoint ({}) after fixing the reward function, the data or "
+                                 "the learning rate; or set trainer.on_nonfinite=skip to train on past such steps",
+                                 t.output_dir().empty() ? std::string("none: trainer.output_dir is empty")
+                                                        : t.output_dir() + "/checkpoints"));
+    }
     result.last_metrics = std::move(m);
     if (t.save_every() > 0 && step % t.save_every() == 0 && step < total) save();
     if (parts.on_step) parts.on_step(step, result.last_metrics);
