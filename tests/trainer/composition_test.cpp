@@ -280,7 +280,7 @@ TEST_SUITE("trainer/composition") {
     bad.geometry().world_size(8);
     CHECK(contains(error_of([&] { T(bad, 4); }), "geometry.world_size = 8 but the process group has 4 rank(s)"));
     // the rollout's TP must divide the world the process group gives
-    CHECK(contains(error_of([&] { T(opts, 3); }), "world_size 3 is not divisible by rollout_tensor_parallel_size 2"));
+    CHECK(contains(error_of([&] { T(opts, 3); }), "the world size 3 is not divisible by rollout_tensor_parallel_size 2"));
   }
 
   TEST_CASE("Trainer::Options::validate checks across axes with the full key path") {
@@ -411,6 +411,12 @@ TEST_SUITE("trainer/configuration") {
     o.data().train_batch_size(3);
     o.geometry().micro_batch_size_per_gpu(1);
     CHECK(contains(error_of([&] { T(o, 1); }), "geometry.ppo_mini_batch_size 2 does not divide train_batch_size 3 (3 % 2 = 1)"));
+    // the two counts the geometry does not own: data.train_batch_size and the launch's world size
+    o.data().train_batch_size(4);
+    const auto split = error_of([&] { T(o, 3); });
+    CHECK(split.rfind("hybridrl: data.train_batch_size × rollout_n = 4 × 2 = 8 sequences do not split evenly over world_size 3", 0) == 0);
+    o.geometry().sequence_parallel_size(4);
+    CHECK(contains(error_of([&] { T(o, 6); }), "hybridrl: the world size 6 is not divisible by sequence_parallel_size 4"));
   }
 
   TEST_CASE("hybridrl train's checks before anything loads: dtype, device, backend, reward") {
@@ -500,6 +506,9 @@ TEST_SUITE("trainer/configuration") {
     CHECK(contains(error_of([] { T(T::Options{}.trainer(TrainerOptions{}.keep_last(0))); }),
                    "trainer.keep_last = 0 keeps no checkpoint"));
     CHECK(contains(error_of([] { T(T::Options{}.rollout(NaiveOptions{}.n(0))); }), "rollout.n = 0 is below 1"));
+    // the dtype as the configuration spells it (was LibTorch's "Char")
+    CHECK(contains(error_of([] { T(T::Options{}.sharding(FSDPOptions{}.param_dtype(at::kChar))); }),
+                   "sharding.param_dtype = int8 is not a floating-point type"));
     CHECK(contains(error_of([] { T(T::Options{}.data(DataOptions{}.train_batch_size(0))); }),
                    "data.train_batch_size = 0 is below 1"));
     CHECK(contains(error_of([] { GRPOOptions{}.epsilon(0).validate(); }), "epsilon = 0 must be > 0 when norm_adv_by_std is on"));

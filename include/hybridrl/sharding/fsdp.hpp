@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "hybridrl/core/config.hpp"  // dtype_name: dtypes as the configuration spells them
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/keys.hpp"
 #include "hybridrl/core/options.hpp"
@@ -78,11 +79,11 @@ struct FSDPOptions {
                    "use -1 (shard over all ranks) or a positive group size that divides world_size");
     HYBRIDRL_CHECK(c10::isFloatingType(param_dtype_),
                    fmt::format("param_dtype = {} is not a floating-point type",
-                               c10::toString(param_dtype_)),
+                               detail::dtype_name(param_dtype_)),
                    "use bfloat16, float16 or float32");
     HYBRIDRL_CHECK(c10::isFloatingType(reduce_dtype_),
                    fmt::format("reduce_dtype = {} is not a floating-point type",
-                               c10::toString(reduce_dtype_)),
+                               detail::dtype_name(reduce_dtype_)),
                    "use float32 (or bfloat16 to halve the gradient traffic)");
   }
 

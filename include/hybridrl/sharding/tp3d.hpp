@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "hybridrl/core/config.hpp"  // dtype_name: dtypes as the configuration spells them
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
 #include "hybridrl/core/tensor_batch.hpp"
@@ -85,7 +86,7 @@ struct TP3DOptions {
                    "sequence_parallel = true: Megatron sequence parallelism is not implemented yet",
                    "set sequence_parallel = false (the activations of norms stay replicated)");
     HYBRIDRL_CHECK(c10::isFloatingType(param_dtype_),
-                   fmt::format("param_dtype = {} is not a floating-point type", c10::toString(param_dtype_)),
+                   fmt::format("param_dtype = {} is not a floating-point type", detail::dtype_name(param_dtype_)),
                    "use bfloat16, float16 or float32");
   }
 

@@ -500,7 +500,14 @@ class Trainer {
       try {
         detail::validate_member(g, "geometry");
       } catch (const Error& e) {  // two of the geometry's counts have other keys in a Trainer
-        throw Error(e.problem(), e.fix() + " (prompts per step: data.train_batch_size; samples per prompt: rollout.n)");
+        std::string problem = e.problem();
+        constexpr std::string_view train = "geometry.train_batch_size", world = "geometry.world_size";
+        if (problem.rfind(train, 0) == 0) {
+          problem = "data.train_batch_size" + problem.substr(train.size());
+        } else if (problem.rfind(world, 0) == 0) {  // the launch's rank count, not a key
+          problem = "the world size" + problem.substr(world.size());
+        }
+        throw Error(problem, e.fix() + " (prompts per step: data.train_batch_size; samples per prompt: rollout.n)");
       }
       if constexpr (has_rollout && detail::has_tensor_parallel_size<rollout_options> &&
                     rollout_policy<typename Trainer::rollout_type>) {
@@ -1143,6 +1150,7 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
         step_tokens = rs.prompt_tokens + rs.generated_tokens;
         m["memory/kv_cache_gb"] = static_cast<double>(rs.kv_cache_bytes) / (1024.0 * 1024.0 * 1024.0);
         m["rollout/kv_peak_utilization"] = rs.kv_peak_utilization;
+        m["rollout/preemptions"] = static_cast<double>(rs.preemptions);  // sequences recomputed for want of KV blocks
         m["rollout/tokens_per_s"] = rs.seconds > 0 ? static_cast<double>(rs.generated_tokens) / rs.seconds : 0.0;
         if (shared_batches) {  // the group's shares, padded to their longest prompt and response, in rank order
           auto tokens = at::tensor(std::vector<int64_t>{step_tokens}, at::kLong).to(device);
