@@ -21,6 +21,18 @@
 
 #include "hybridrl/core/error.hpp"
 
+/// 1 in a build with AddressSanitizer (GCC's __SANITIZE_ADDRESS__, Clang's feature test).
+#if defined(__SANITIZE_ADDRESS__)
+#define HYBRIDRL_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HYBRIDRL_ADDRESS_SANITIZER 1
+#endif
+#endif
+#ifndef HYBRIDRL_ADDRESS_SANITIZER
+#define HYBRIDRL_ADDRESS_SANITIZER 0
+#endif
+
 namespace hybridrl::detail {
 
 /// The dlopen'ed sentencepiece library and the out-of-line functions hybridrl calls.
@@ -65,6 +77,13 @@ class SentencePieceLibrary {
     // DEEPBIND there would let sentencepiece bind C++ runtime symbols differently from the program.
     const bool protobuf_visible =
         ::dlsym(RTLD_DEFAULT, "_ZN6google8protobuf11MessageLite14ParseFromArrayEPKvi") != nullptr;
+    // ASan's runtime refuses RTLD_DEEPBIND (google/sanitizers#611) and aborts the process: an
+    // Error instead, before the dlopen
+    HYBRIDRL_CHECK(!(HYBRIDRL_ADDRESS_SANITIZER && protobuf_visible),
+                   "the sentencepiece library must be opened with RTLD_DEEPBIND (its protobuf apart from "
+                   "LibTorch's), which AddressSanitizer does not support",
+                   "read tokenizer.model in a build without -fsanitize=address, or use the checkpoint's "
+                   "tokenizer.json");
     const int flags = RTLD_NOW | RTLD_LOCAL | (protobuf_visible ? RTLD_DEEPBIND : 0);
     for (const char* name : {"libsentencepiece.so.0", "libsentencepiece.so"}) {
       handle_ = ::dlopen(name, flags);
