@@ -73,6 +73,18 @@ TEST_SUITE("io/fuzz_findings") {
     CHECK(contains(fuzz_only_error([&] { from_yaml("trainer:\n  ? {x: 1}\n  : 2\n", cfg, "run.yaml"); }), "is not valid YAML"));
   }
 
+  TEST_CASE("yaml_config: a table of non-UTF-8 bytes where algorithm.name belongs is a name like any other") {
+    // the fuzzer's input (build-fuzz/findings/yaml_config/crash-df1464ca…): take_key dumped the table
+    // with json::dump(), which threw type_error 316 for the bytes 0xCA
+    FuzzScratch d("yaml");
+    const auto path = d.path / "run.yaml";
+    fuzz_write(path, "algorithm:\n  name:\n    tds: [1,\xCA\xCA\xCA 5]\ntrainer:\n  total_steps: 2\n");
+    std::string algorithm;
+    CHECK(fuzz_only_error([&] { algorithm = read_run_sources(path.string(), {}).algorithm; }) == "(no error)");
+    CHECK(io::invalid_utf8_at(algorithm) == std::string::npos);
+    CHECK(contains(algorithm, "tds"));
+  }
+
   TEST_CASE("config_json: Qwen2's derived layer_types is bounded (10^12 layers was a 10^12-entry list)") {
     auto j = nlohmann::json::parse(std::ifstream(std::string(HYBRIDRL_FIXTURES_DIR) + "/models/qwen2_swa/config.json"));
     j.erase("layer_types");  // transformers 4.x files: derived from max_window_layers

@@ -560,7 +560,9 @@ inline std::optional<std::string> take_key(ConfigSources& s, const std::string& 
   if (s.file && s.file->is_object() && s.file->contains(table) && (*s.file)[table].is_object() &&
       (*s.file)[table].contains(key)) {
     const auto& x = (*s.file)[table][key];
-    v = x.is_string() ? x.get<std::string>() : x.dump();
+    // a table or list where a name belongs is shown as JSON text, any bytes that are not UTF-8
+    // replaced (dump() threw nlohmann's type_error 316 for them: found by the yaml_config fuzzer)
+    v = x.is_string() ? x.get<std::string>() : x.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     (*s.file)[table].erase(key);
     if ((*s.file)[table].empty()) s.file->erase(table);
   }
