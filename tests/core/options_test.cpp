@@ -425,6 +425,50 @@ inner:
     CHECK(hybridrl::detail::nearest_key("algorithm.clip_hihg", {"algorithm.clip_low", "algorithm.clip_high"}) == "algorithm.clip_high");
   }
 
+  TEST_CASE("the bounded edit distance equals the full one up to its limit") {
+    // the textbook O(|a| × |b|) table, written out here as the reference
+    const auto full = [](const std::string& a, const std::string& b) {
+      std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+      for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+      for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+      for (std::size_t i = 1; i <= a.size(); ++i) {
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+          d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0u : 1u)});
+        }
+      }
+      return d[a.size()][b.size()];
+    };
+    CHECK(hybridrl::detail::edit_distance("kitten", "sitting", 2) == 3);  // over the limit: limit + 1
+    CHECK(hybridrl::detail::edit_distance("kitten", "sitting", 3) == 3);
+    CHECK(hybridrl::detail::edit_distance("abc", "", 1) == 2);
+    uint64_t state = 12345;  // strings over a 3-letter alphabet, so that most pairs share letters
+    const auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+    int checked = 0;
+    for (int n = 0; n < 3000; ++n) {
+      std::string a(next() % 12, 'a'), b(next() % 12, 'a');
+      for (auto& c : a) c = static_cast<char>('a' + next() % 3);
+      for (auto& c : b) c = static_cast<char>('a' + next() % 3);
+      const std::size_t want = full(a, b);
+      for (std::size_t limit = 0; limit <= 13; ++limit) {
+        const std::size_t got = hybridrl::detail::edit_distance(a, b, limit);
+        if (want <= limit) {
+          REQUIRE_MESSAGE(got == want, a, " / ", b, " limit ", limit);
+        } else {
+          REQUIRE_MESSAGE(got == limit + 1, a, " / ", b, " limit ", limit);
+        }
+        ++checked;
+      }
+      REQUIRE(hybridrl::detail::edit_distance(a, b) == want);
+    }
+    CHECK(checked == 3000 * 14);
+    // a long mistyped key gets no suggestion; the nearest of several is the first at the least distance
+    CHECK(hybridrl::detail::nearest_key(std::string(4000, 'x'), {"algorithm.clip_low", "algorithm.clip_high"}).empty());
+    CHECK(hybridrl::detail::nearest_key("rollout.nn", {"rollout.n", "rollout.m", "rollout.nnn"}) == "rollout.n");
+    CHECK(hybridrl::detail::nearest_key("abcdefgh", {"zzzzzzzz"}).empty());  // 8 edits > max(3, 8 / 3)
+    CHECK(hybridrl::detail::nearest_key("abcdefgh", {"abcdzzzz"}).empty());  // 4 edits > 3
+    CHECK(hybridrl::detail::nearest_key("abcdefgh", {"abcdezzz"}) == "abcdezzz");  // 3 edits
+  }
+
   TEST_CASE("docs/configuration.md lists every key with its type and default") {
     std::ifstream in(std::string(HYBRIDRL_FIXTURES_DIR) + "/../../docs/configuration.md");
     REQUIRE(in.good());

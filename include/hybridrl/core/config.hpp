@@ -155,31 +155,49 @@ void collect_keys(const O& o, const std::string& prefix, std::vector<std::string
   });
 }
 
-/// Levenshtein distance (the did-you-mean metric).
-inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+/// Levenshtein distance (the did-you-mean metric) of `a` and `b` when it is at most `limit`, else
+/// `limit + 1`. Only the band of cells within `limit` of the diagonal is computed and the work stops
+/// once a row's smallest entry passes the limit: a mistyped key of any length costs
+/// O(min(|a|, |b|) × limit) per candidate, not O(|a| × |b|) (a 4 KB garbage key against every
+/// configuration key took most of a configuration read's time before).
+inline std::size_t edit_distance(std::string_view a, std::string_view b,
+                                 std::size_t limit = std::numeric_limits<std::size_t>::max() - 1) {
+  const std::size_t over = limit + 1;
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > limit) return over;
+  if (a.size() < b.size()) std::swap(a, b);  // b, the row, is the shorter
+  // row[j]: the distance of a[0, i) and b[0, j), capped at `over` outside the band
   std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = std::min(j, over);
   for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
+    const std::size_t lo = i > limit ? i - limit : 1;           // the band: |i − j| ≤ limit
+    const std::size_t hi = limit >= b.size() ? b.size() : std::min(b.size(), i + limit);
+    std::size_t diag = row[lo - 1];
+    row[lo - 1] = lo == 1 ? std::min(i, over) : over;  // left of the band: beyond the limit
+    std::size_t smallest = row[lo - 1];
+    for (std::size_t j = lo; j <= hi; ++j) {
       const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0u : 1u)});
+      row[j] = std::min({up + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0u : 1u), over});
       diag = up;
+      smallest = std::min(smallest, row[j]);
     }
+    if (hi < b.size()) row[hi + 1] = over;  // right of the band
+    if (smallest >= over) return over;
   }
-  return row[b.size()];
+  return std::min(row[b.size()], over);
 }
 
-/// The valid key nearest to `key` (empty when none is close).
+/// The valid key nearest to `key` (empty when none is close: more than max(3, |key| / 3) edits).
 inline std::string nearest_key(std::string_view key, const std::vector<std::string>& keys) {
+  const std::size_t threshold = std::max<std::size_t>(3, key.size() / 3);
   std::string best;
-  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  std::size_t best_d = threshold + 1;
   for (const auto& k : keys) {
-    const std::size_t d = edit_distance(key, k);
+    // only a strictly nearer key can win: ask for no more than best_d − 1 edits
+    const std::size_t d = edit_distance(key, k, best_d - 1);
     if (d < best_d) best_d = d, best = k;
+    if (best_d == 0) break;
   }
-  return best_d <= std::max<std::size_t>(3, key.size() / 3) ? best : std::string{};
+  return best;
 }
 
 /// A verl key and the key that holds its value here (docs/configuration.md, "From verl"), with a
