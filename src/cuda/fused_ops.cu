@@ -1,6 +1,7 @@
 // Fused inference kernels of the decoder and the sampler: RMSNorm (with the residual add before
 // it), rotary embeddings on q and k in place, SiLU(gate) * up, and one-pass token sampling; and
-// the head's log-prob (and entropy) of labels with its backward, for training and scoring. Each
+// for training and scoring, the head's log-prob (and entropy) of labels and SiLU(gate) * up, each
+// with its backward. Each
 // replaces a chain of LibTorch ops (8 for a norm, ~10 for the rotary of q and k, 2 for the MLP's
 // activation, ~170 for a Philox + Gumbel-max draw over the vocabulary) by one launch.
 //
@@ -16,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -130,19 +132,69 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
   }
 }
 
-// ---- SiLU(gate) * up ----
+// ---- SiLU(gate) * up, and its backward ----
 // gate and up rows `in_stride` elements apart (the halves of one fused gate|up projection, or
-// separate tensors), out [rows, cols] contiguous.
+// separate tensors), out [rows, cols] contiguous. A block row per matrix row (no 64-bit division
+// per element), N elements per thread step: 16 bytes when every row allows it, else 1.
+template <class T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+/// silu(g) · u as the eager ops compute it: silu rounded to T, the product rounded once
+/// (__fmul_rn: no contraction into an FMA with anything around it).
 template <class T>
+__device__ __forceinline__ T silu_mul_value(float g, float u) {
+  const float act = round_to<T>(g / (1.0f + expf(-g)));
+  return from_f<T>(__fmul_rn(act, u));
+}
+
+template <class T, int N>
 __global__ void silu_mul_kernel(const T* __restrict__ gate, const T* __restrict__ up, int64_t in_stride,
                                 T* __restrict__ out, int64_t rows, int64_t cols) {
-  const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / cols, col = i % cols;
-    const float g = to_f<T>(gate[r * in_stride + col]);
-    const float act = round_to<T>(g / (1.0f + expf(-g)));
-    out[i] = from_f<T>(__fmul_rn(act, to_f<T>(up[r * in_stride + col])));
+  const int64_t groups = cols / N;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const auto* g = reinterpret_cast<const Pack<T, N>*>(gate + r * in_stride);
+    const auto* u = reinterpret_cast<const Pack<T, N>*>(up + r * in_stride);
+    auto* o = reinterpret_cast<Pack<T, N>*>(out + r * cols);
+    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < groups;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const Pack<T, N> gv = g[c], uv = u[c];
+      Pack<T, N> ov;
+#pragma unroll
+      for (int k = 0; k < N; ++k) ov.v[k] = silu_mul_value<T>(to_f<T>(gv.v[k]), to_f<T>(uv.v[k]));
+      o[c] = ov;
+    }
+  }
+}
+
+// The backward of out = silu(g) · u, in float from the T inputs, each gradient rounded once:
+//   ∂u = ∂out · silu(g),   ∂g = ∂out · u · σ(g) · (1 + g · (1 − σ(g)))
+// (the eager backward rounds ∂out · u and ∂out · silu(g) to T first: this is one rounding
+// closer to the exact gradient). All n elements contiguous.
+template <class T, int N>
+__global__ void silu_mul_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up,
+                                         const T* __restrict__ grad_out, T* __restrict__ grad_gate,
+                                         T* __restrict__ grad_up, int64_t n) {
+  const int64_t groups = n / N;
+  const auto* g = reinterpret_cast<const Pack<T, N>*>(gate);
+  const auto* u = reinterpret_cast<const Pack<T, N>*>(up);
+  const auto* d = reinterpret_cast<const Pack<T, N>*>(grad_out);
+  auto* dg = reinterpret_cast<Pack<T, N>*>(grad_gate);
+  auto* du = reinterpret_cast<Pack<T, N>*>(grad_up);
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < groups;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Pack<T, N> gv = g[c], uv = u[c], dv = d[c];
+    Pack<T, N> gg, gu;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float x = to_f<T>(gv.v[k]), y = to_f<T>(uv.v[k]), dy = to_f<T>(dv.v[k]);
+      const float sig = 1.0f / (1.0f + expf(-x));
+      gu.v[k] = from_f<T>(dy * (x * sig));
+      gg.v[k] = from_f<T>(dy * y * sig * (1.0f + x * (1.0f - sig)));
+    }
+    dg[c] = gg;
+    du[c] = gu;
   }
 }
 
@@ -269,79 +321,93 @@ __global__ void __launch_bounds__(kSampleThreads)
 }
 
 // ---- log-probs of labels (and entropies) from logits, with the backward ----
-// Training and scoring's head: x = float(logits) · inv_temperature over a row [vocab]; one pass
-// keeps the running max m, Σ e^{x−m} and Σ e^{x−m}·x (merged across threads as online softmax
-// does), so lse = m + log Σ, log p(label) = x_label − lse, entropy = lse − E_p[x] with
-// E_p[x] = Σ e^{x−m}·x / Σ. Nothing [rows, vocab] is written in the forward; the backward
-// writes the logits' gradient once, in the logits' dtype:
+// Training and scoring's head: x = float(logits) · inv_temperature over a row [vocab]. Two passes
+// over the row (the second reads it from L2: a row is 64 KB at a 32k vocabulary in bf16): the max
+// m, then Σ e^{x−m} and Σ e^{x−m}·x, so lse = m + log Σ, log p(label) = x_label − lse, entropy =
+// lse − E_p[x] with E_p[x] = Σ e^{x−m}·x / Σ. No running rescale, no branch per element, one
+// expf per element (the accurate one: the kernel is bound by its loads, not by the exp), 16-byte
+// loads where the row allows them. Nothing
+// [rows, vocab] is written in the forward; the backward writes the logits' gradient once, in the
+// logits' dtype (16-byte stores where it can):
 //   ∂/∂x_v = g_lp · (1[v = label] − p_v) + g_H · p_v · (E_p[x] − x_v),   p_v = e^{x_v − lse},
 // times inv_temperature. One block per row.
-struct Soft {
-  float m, s, w;  // max, Σ e^{x−m}, Σ e^{x−m} x
-};
-
-__device__ __forceinline__ Soft soft_merge(Soft a, Soft b) {
-  const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f, 0.0f};
-  const float ea = a.m == -INFINITY ? 0.0f : expf(a.m - m);
-  const float eb = b.m == -INFINITY ? 0.0f : expf(b.m - m);
-  return {m, a.s * ea + b.s * eb, a.w * ea + b.w * eb};
-}
-
-__device__ __forceinline__ Soft soft_add(Soft a, float x) {
-  if (x > a.m) {
-    const float e = a.m == -INFINITY ? 0.0f : expf(a.m - x);
-    return {x, a.s * e + 1.0f, a.w * e + x};
-  }
-  const float e = expf(x - a.m);
-  return {a.m, a.s + e, a.w + e * x};
-}
-
 constexpr int kLogProbThreads = 512;
+
+/// f(v, x) for each element of a row of `vocab` values, x as float: 16-byte loads when `vec`
+/// (the row 16-byte aligned), the tail and unaligned rows element by element.
+template <class T, class F>
+__device__ __forceinline__ void for_each_in_row(const T* __restrict__ l, int64_t vocab, bool vec, F&& f) {
+  constexpr int n = 16 / static_cast<int>(sizeof(T));
+  int64_t done = 0;
+  if (vec) {
+    const int64_t chunks = vocab / n;
+    const uint4* p = reinterpret_cast<const uint4*>(l);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 raw = p[c];
+      const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int k = 0; k < n; ++k) f(c * n + k, to_f<T>(vals[k]));
+    }
+    done = chunks * n;
+  }
+  for (int64_t v = done + threadIdx.x; v < vocab; v += blockDim.x) f(v, to_f<T>(l[v]));
+}
+
+/// The block's max (blockDim.x a multiple of 32).
+__device__ float block_max(float v, float* shared) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? shared[lane] : -INFINITY;
+  if (warp == 0) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) shared[0] = v;
+  }
+  __syncthreads();
+  const float total = shared[0];
+  __syncthreads();
+  return total;
+}
 
 template <class T>
 __global__ void token_log_prob_kernel(const T* __restrict__ logits, int64_t vocab, int64_t row_stride,
-                                      const int64_t* __restrict__ labels, float inv, float* __restrict__ log_probs,
-                                      float* __restrict__ entropy, float* __restrict__ lse_out,
-                                      float* __restrict__ mean_out) {
-  __shared__ Soft shared[32];
+                                      const int64_t* __restrict__ labels, float inv, bool vec,
+                                      float* __restrict__ log_probs, float* __restrict__ entropy,
+                                      float* __restrict__ lse_out, float* __restrict__ mean_out) {
+  __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* l = logits + row * row_stride;
-  Soft t{-INFINITY, 0.0f, 0.0f};
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) t = soft_add(t, to_f<T>(l[v]) * inv);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    Soft other{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o),
-               __shfl_xor_sync(0xffffffffu, t.w, o)};
-    t = soft_merge(t, other);
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) shared[warp] = t;
-  __syncthreads();
-  if (warp == 0) {
-    const int warps = blockDim.x / 32;
-    t = lane < warps ? shared[lane] : Soft{-INFINITY, 0.0f, 0.0f};
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      Soft other{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o),
-                 __shfl_xor_sync(0xffffffffu, t.w, o)};
-      t = soft_merge(t, other);
-    }
-    if (lane == 0) {
-      const float lse = t.m + logf(t.s);
-      const float mean = t.w / t.s;
-      const int64_t label = labels[row];
-      log_probs[row] = label >= 0 && label < vocab ? to_f<T>(l[label]) * inv - lse : __int_as_float(0x7fc00000);
-      if (entropy != nullptr) entropy[row] = lse - mean;
-      lse_out[row] = lse;
-      mean_out[row] = mean;
-    }
+  float m = -INFINITY;
+  for_each_in_row(l, vocab, vec, [&](int64_t, float x) { m = fmaxf(m, x); });
+  // inv > 0, and rounding is monotone: max(x) · inv is max(x · inv) exactly
+  m = block_max(m, shared) * inv;
+  float s = 0.0f, w = 0.0f;
+  for_each_in_row(l, vocab, vec, [&](int64_t, float x) {
+    const float y = x * inv;
+    const float e = expf(y - m);
+    s += e;
+    w += y == -INFINITY ? 0.0f : e * y;  // a masked (−inf) logit adds nothing, not 0 · −inf
+  });
+  s = block_sum(s, shared);
+  w = block_sum(w, shared);
+  if (threadIdx.x == 0) {
+    const float lse = m + logf(s);
+    const float mean = w / s;
+    const int64_t label = labels[row];
+    log_probs[row] = label >= 0 && label < vocab ? to_f<T>(l[label]) * inv - lse : __int_as_float(0x7fc00000);
+    if (entropy != nullptr) entropy[row] = lse - mean;
+    lse_out[row] = lse;
+    mean_out[row] = mean;
   }
 }
 
 template <class T>
 __global__ void token_log_prob_backward_kernel(const T* __restrict__ logits, int64_t vocab, int64_t row_stride,
-                                               const int64_t* __restrict__ labels, float inv,
+                                               const int64_t* __restrict__ labels, float inv, bool vec,
                                                const float* __restrict__ lse, const float* __restrict__ mean,
                                                const float* __restrict__ grad_log_probs,
                                                const float* __restrict__ grad_entropy, T* __restrict__ grad) {
@@ -352,13 +418,36 @@ __global__ void token_log_prob_backward_kernel(const T* __restrict__ logits, int
   const float gh = grad_entropy != nullptr ? grad_entropy[row] : 0.0f;
   const float z = lse[row], e = mean[row];
   const int64_t label = labels[row];
-  for (int64_t v = threadIdx.x; v < vocab; v += blockDim.x) {
-    const float x = to_f<T>(l[v]) * inv;
+  const auto d = [&](int64_t v, float x_raw) {
+    const float x = x_raw * inv;
     const float p = expf(x - z);
-    float d = -glp * p + gh * p * (e - x);
-    if (v == label) d += glp;
-    g[v] = from_f<T>(d * inv);
+    float r = -glp * p + gh * p * (e - x);
+    if (v == label) r += glp;
+    return from_f<T>(r * inv);
+  };
+  constexpr int n = 16 / static_cast<int>(sizeof(T));
+  int64_t done = 0;
+  if (vec) {  // the row and its gradient row both 16-byte aligned
+    const int64_t chunks = vocab / n;
+    const uint4* p = reinterpret_cast<const uint4*>(l);
+    uint4* q = reinterpret_cast<uint4*>(g);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const uint4 raw = p[c];
+      const T* vals = reinterpret_cast<const T*>(&raw);
+      uint4 out;
+      T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int k = 0; k < n; ++k) o[k] = d(c * n + k, to_f<T>(vals[k]));
+      q[c] = out;
+    }
+    done = chunks * n;
   }
+  for (int64_t v = done + threadIdx.x; v < vocab; v += blockDim.x) g[v] = d(v, to_f<T>(l[v]));
+}
+
+/// Whether rows of `bytes_per_row` starting at `p` are all 16-byte aligned.
+inline bool aligned_rows(const void* p, int64_t bytes_per_row) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && bytes_per_row % 16 == 0;
 }
 
 template <class F>
@@ -405,15 +494,47 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
 
 int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* out, int64_t rows, int64_t cols,
                     KernelDtype dtype, void* stream) {
-  const int64_t n = rows * cols;
-  if (n == 0) return 0;
-  const int threads = 256;
-  const int64_t want = (n + threads - 1) / threads;
-  const auto grid = static_cast<unsigned>(want < 65535 * 8 ? want : 65535 * 8);
+  if (rows == 0 || cols == 0) return 0;
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    silu_mul_kernel<T><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(gate), static_cast<const T*>(up), in_stride, static_cast<T*>(out), rows, cols);
+    constexpr int n = 16 / static_cast<int>(sizeof(T));
+    const bool vec = cols % n == 0 && in_stride % n == 0 && aligned_rows(gate, 0) && aligned_rows(up, 0) &&
+                     aligned_rows(out, 0);
+    const int threads = 128;
+    const int64_t groups = vec ? cols / n : cols;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 1024)),
+                    static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+    if (vec) {
+      silu_mul_kernel<T, n><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up), in_stride, static_cast<T*>(out), rows, cols);
+    } else {
+      silu_mul_kernel<T, 1><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up), in_stride, static_cast<T*>(out), rows, cols);
+    }
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int launch_silu_mul_backward(const void* gate, const void* up, const void* grad_out, void* grad_gate, void* grad_up,
+                             int64_t n, KernelDtype dtype, void* stream) {
+  if (n == 0) return 0;
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int w = 16 / static_cast<int>(sizeof(T));
+    const bool vec = n % w == 0 && aligned_rows(gate, 0) && aligned_rows(up, 0) && aligned_rows(grad_out, 0) &&
+                     aligned_rows(grad_gate, 0) && aligned_rows(grad_up, 0);
+    const int threads = 256;
+    const int64_t groups = vec ? n / w : n;
+    const auto grid = static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 65535 * 8));
+    if (vec) {
+      silu_mul_backward_kernel<T, w><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(grad_out),
+          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+    } else {
+      silu_mul_backward_kernel<T, 1><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(grad_out),
+          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+    }
     return static_cast<int>(cudaGetLastError());
   });
 }
@@ -438,7 +559,8 @@ int launch_token_log_prob(const void* logits, int64_t rows, int64_t vocab, int64
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     token_log_prob_kernel<T><<<static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature, log_probs, entropy, lse, mean);
+        static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature,
+        aligned_rows(logits, row_stride * static_cast<int64_t>(sizeof(T))), log_probs, entropy, lse, mean);
     return static_cast<int>(cudaGetLastError());
   });
 }
@@ -452,8 +574,10 @@ int launch_token_log_prob_backward(const void* logits, int64_t rows, int64_t voc
     using T = decltype(tag);
     token_log_prob_backward_kernel<T>
         <<<static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-            static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature, lse, mean, grad_log_probs,
-            grad_entropy, static_cast<T*>(grad));
+            static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature,
+            aligned_rows(logits, row_stride * static_cast<int64_t>(sizeof(T))) &&
+                aligned_rows(grad, vocab * static_cast<int64_t>(sizeof(T))),
+            lse, mean, grad_log_probs, grad_entropy, static_cast<T*>(grad));
     return static_cast<int>(cudaGetLastError());
   });
 }

@@ -134,10 +134,15 @@ TEST_SUITE("cuda/fused") {
   TEST_CASE("the head's fused log-prob and entropy: the eager fp32 log-softmax's values and gradients") {
     if (!hybridrl::testing::fused_cuda_here()) return;
     at::manual_seed(11);
-    const int64_t B = 3, T = 37, H = 64, V = 1003;  // a vocabulary no vector width divides; chunks of 16
+    const int64_t B = 3, T = 37, H = 64;
+    // 1003: no vector width divides it (element by element); 4104 = 8 · 513: 16-byte rows in
+    // bf16 and fp32 (loads and stores of 16 bytes), a vector count that the block's 512 threads
+    // do not divide; chunks of 16
+    for (const int64_t V : {int64_t{1003}, int64_t{4104}})
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       for (double temp : {1.0, 0.7}) {
         for (bool ent : {true, false}) {
+          CAPTURE(V);
           CAPTURE(dtype);
           CAPTURE(temp);
           CAPTURE(ent);
@@ -177,6 +182,56 @@ TEST_SUITE("cuda/fused") {
     CHECK(std::isnan(lp[1].item<double>()));
     CHECK_FALSE(en.defined());
     CHECK_FALSE(fused::token_log_prob(l.cpu(), at::zeros({2}, at::kLong), 1.0, false).first.defined());
+  }
+
+  TEST_CASE("SiLU(gate)·up in training: the eager forward bit for bit, gradients nearer the exact ones than eager's") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    at::manual_seed(9);
+    // [3, 5, 304]: 16-byte packs in every dtype; [7, 300]: element by element in bf16 and fp16;
+    // [70000, 8]: more rows than one grid's y dimension holds
+    for (const auto& shape : {std::vector<int64_t>{3, 5, 304}, std::vector<int64_t>{7, 300}, std::vector<int64_t>{70000, 8}}) {
+      for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+        CAPTURE(dtype);
+        CAPTURE(shape.front());
+        const auto g0 = (at::randn(shape) * 4).to(at::kCUDA, dtype), u0 = at::randn(shape).to(at::kCUDA, dtype);
+        const auto go = at::randn(shape).to(at::kCUDA, dtype);
+        auto run = [&](bool on) {
+          return with_fused(on, [&] {
+            auto g = g0.clone().requires_grad_(true), u = u0.clone().requires_grad_(true);
+            auto out = on ? fused::silu_mul_train(g, u) : at::silu(g) * u;
+            REQUIRE(out.defined());
+            REQUIRE(out.requires_grad());
+            out.backward(go);
+            return std::vector<at::Tensor>{out.detach(), g.grad(), u.grad()};
+          });
+        };
+        const auto fz = run(true), eager = run(false);
+        CHECK(at::equal(fz[0], eager[0]));
+        // the exact gradients, in double from the same inputs
+        const auto gd = g0.to(at::kDouble), ud = u0.to(at::kDouble), dd = go.to(at::kDouble);
+        const auto sig = at::sigmoid(gd);
+        const std::vector<at::Tensor> exact{dd * ud * sig * (1 + gd * (1 - sig)), dd * gd * sig};
+        const double tol = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 1e-3 : 5e-3;
+        for (size_t i = 0; i < 2; ++i) {
+          const auto err = [&](const at::Tensor& t) {
+            return ((t.to(at::kDouble) - exact[i]).norm() / exact[i].norm()).item<double>();
+          };
+          const double e_fused = err(fz[1 + i]), e_eager = err(eager[1 + i]);
+          CAPTURE(i);
+          CAPTURE(e_fused);
+          CAPTURE(e_eager);
+          CHECK(e_fused <= tol);
+          // one rounding instead of two: no further from the exact gradient than eager (bf16, fp16)
+          if (dtype != at::kFloat) CHECK(e_fused <= e_eager * 1.02);
+        }
+      }
+    }
+    // where the kernel does not apply: the CPU, switched off
+    CHECK_FALSE(fused::silu_mul_train(at::randn({2, 8}), at::randn({2, 8})).defined());
+    with_fused(false, [] {
+      CHECK_FALSE(fused::silu_mul_train(at::randn({2, 8}).cuda(), at::randn({2, 8}).cuda()).defined());
+      return 0;
+    });
   }
 
   TEST_CASE("RMSNorm and the residual add + RMSNorm: within one unit in the last place of the eager ops") {

@@ -300,6 +300,59 @@ struct Rope : torch::autograd::Function<Rope> {
 }  // namespace detail
 #endif
 
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+namespace detail {
+// silu(gate) · up as an autograd function: the forward is the inference kernel (bit-identical to
+// the eager ops), the backward one kernel for both gradients; saves gate and up (the eager
+// product saves silu(gate) and up besides).
+struct SiluMul : torch::autograd::Function<SiluMul> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate,
+                                                const at::Tensor& up) {
+    auto out = at::empty_like(gate);  // gate is contiguous
+    const auto cols = gate.size(-1);
+    check_launch(cuda::launch_silu_mul(gate.data_ptr(), up.data_ptr(), cols, out.data_ptr(), gate.numel() / cols, cols,
+                                       *kernel_dtype(gate.scalar_type()), stream()),
+                 "silu_mul (training)");
+    ctx->save_for_backward({gate, up});
+    return {out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& gate = saved[0];
+    const auto& up = saved[1];
+    const auto go = grads[0].to(gate.scalar_type()).contiguous();
+    auto dg = at::empty_like(gate), du = at::empty_like(up);  // both contiguous
+    check_launch(cuda::launch_silu_mul_backward(gate.data_ptr(), up.data_ptr(), go.data_ptr(), dg.data_ptr(),
+                                                du.data_ptr(), gate.numel(), *kernel_dtype(gate.scalar_type()),
+                                                stream()),
+                 "silu_mul_backward");
+    return {dg, du};
+  }
+};
+}  // namespace detail
+#endif
+
+/// silu(gate) · up (one shape, dtype and device, contiguous) as a differentiable op for training:
+/// the forward bit-identical to the eager `at::silu(gate) * up`, the backward one kernel whose
+/// gradients are computed in float and rounded once (within one unit in the last place of the
+/// exact ones; the eager backward rounds an intermediate product first). Undefined where the
+/// kernel does not apply (CPU, switched off, another dtype or layout).
+inline at::Tensor silu_mul_train(const at::Tensor& gate, const at::Tensor& up) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!gate.defined() || !gate.is_cuda() || !enabled() || !detail::kernel_dtype(gate.scalar_type()) ||
+      !up.defined() || up.sizes() != gate.sizes() || up.scalar_type() != gate.scalar_type() ||
+      up.device() != gate.device() || !gate.is_contiguous() || !up.is_contiguous() || gate.dim() == 0 ||
+      gate.numel() == 0) {
+    return {};
+  }
+  return detail::SiluMul::apply(gate, up)[0];
+#else
+  (void)gate, (void)up;
+  return {};
+#endif
+}
+
 /// Rotary embeddings of q [N, H, D] and k [N, Hkv, D] (each token's heads contiguous) with cos /
 /// sin [N, D] (contiguous), out of place and differentiable (the backward rotates the gradient
 /// by −θ with the same kernel): bit-identical to apply_rope's eager ops forward and backward.

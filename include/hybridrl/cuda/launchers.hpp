@@ -61,6 +61,11 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
 int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* out, int64_t rows, int64_t cols,
                     KernelDtype dtype, void* stream);
 
+/// The backward of out = silu(gate) * up over n contiguous elements: grad_gate and grad_up from
+/// grad_out, computed in float and rounded once to the dtype.
+int launch_silu_mul_backward(const void* gate, const void* up, const void* grad_out, void* grad_gate, void* grad_up,
+                             int64_t n, KernelDtype dtype, void* stream);
+
 /// One token per row of `logits` [rows, vocab] (row `row_stride` elements apart): argmax of the
 /// logits (greedy) or of logits · inv_temperature + Gumbel noise from Philox-4x32-10 at counter
 /// (token / 4, positions[row], samples[row], 0) under key seeds[row] (rollout/sampler.hpp's

@@ -295,7 +295,8 @@ class MLPImpl : public torch::nn::Module {
       if (act.defined()) return down_proj(act);
     }
     auto gate = gate_proj(x), up = up_proj(x);
-    auto act = fused::silu_mul(gate, up);  // inference on CUDA: one kernel
+    auto act = fused::silu_mul(gate, up);                 // inference on CUDA: one kernel
+    if (!act.defined()) act = fused::silu_mul_train(gate, up);  // training on CUDA: with its backward
     return down_proj(act.defined() ? act : at::silu(gate) * up);
   }
 
