@@ -13,6 +13,7 @@
 /// mixed on the host. Equal fingerprints on CPU and CUDA mean equal bytes.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -46,7 +47,7 @@ namespace detail {
 /// an integer below 2^52, so a double holds it exactly (metrics.jsonl, the mean of equal values).
 [[nodiscard]] inline uint64_t weights_fingerprint(const std::vector<std::pair<std::string, at::Tensor>>& named) {
   constexpr int64_t kChunk = int64_t{1} << 24;  // bytes per int64 sum: < 2^24 × 2^8 × 2^17 = 2^49
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   std::vector<at::Tensor> sums;  // one int64 per chunk, on the weights' device
   std::vector<uint64_t> heads;   // per tensor: its name, dtype and size
   std::vector<size_t> firsts;    // per tensor: its first entry in `sums`
