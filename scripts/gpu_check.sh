@@ -44,7 +44,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
   2>&1 | tee "$OUT/configure.log" | tail -5
 targets=("$@")
 if ((${#targets[@]} == 0)); then targets=(all); fi
-cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1
+cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" -- -k 0 > "$OUT/build.log" 2>&1  # -k 0: one failure stops nothing else
 build_rc=$?
 t1=$(date +%s)
 echo "build rc=$build_rc in $((t1 - t0)) s"
