@@ -274,7 +274,7 @@ TEST_SUITE("trainer/fit") {
     CHECK(seen_rows.front() == 32);  // 4 prompts × 8 samples
     for (const char* k : {"reward_mean", "reward_std", "kl", "entropy", "clip_frac", "response_length_mean", "grad_norm",
                           "lr", "time/generate", "time/reward", "time/ref", "time/old_log_prob", "time/advantage",
-                          "time/update", "time/weight_sync", "tokens_per_s"}) {
+                          "time/update", "time/weight_sync", "time/fingerprint", "tokens_per_s"}) {
       CAPTURE(k);
       CHECK(steps[4].count(k) == 1);
     }

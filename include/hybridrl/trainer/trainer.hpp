@@ -1119,7 +1119,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       // generate: n samples per prompt, noise from (run seed, step, group, sample)
       const auto g0 = clock::now();
       if constexpr (requires { rollout->model(); }) {  // the weights this step generates with
+        const auto f0 = clock::now();
         m["rollout/weights_fingerprint"] = static_cast<double>(weights_fingerprint(*rollout->model()));
+        m["time/fingerprint"] = std::chrono::duration<double>(clock::now() - f0).count();  // part of time/generate
       }
       const bool replaying = !parts.replay_dir.empty();
       if (replaying) {  // the step's batch as a run recorded it: no generation, no reward call
