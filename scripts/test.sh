@@ -26,7 +26,8 @@ elif [[ -n $sanitize ]]; then
   BUILD_DIR=${BUILD_DIR:-build-asan}
 fi
 if [[ -n $sanitize ]]; then
-  CMAKE_ARGS="-DHYBRIDRL_SANITIZE=$sanitize ${CMAKE_ARGS:-}"
+  # the benchmarks are no tests: a sanitizer build leaves them out
+  CMAKE_ARGS="-DHYBRIDRL_SANITIZE=$sanitize -DHYBRIDRL_BUILD_BENCH=OFF ${CMAKE_ARGS:-}"
   supp=$PWD/cmake/sanitizers
   # a finding fails the test: abort with a report; leaks are findings too
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}
