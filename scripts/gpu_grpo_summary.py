@@ -5,7 +5,7 @@ import json
 import sys
 
 keys = ["time/step", "time/generate", "time/old_log_prob", "time/ref", "time/update", "time/fingerprint",
-        "rollout/log_prob_diff_mean", "memory/peak_update_gb", "geometry/micro_batch_size_update"]
+        "rollout/log_prob_diff", "memory/peak_update_gb", "geometry/micro_batch_size_update"]
 for line in sys.stdin:
     if line.startswith("{") and '"grpo_step"' in line:
         d = json.loads(line)
