@@ -445,10 +445,11 @@ __global__ void token_log_prob_backward_kernel(const T* __restrict__ logits, int
   for (int64_t v = done + threadIdx.x; v < vocab; v += blockDim.x) g[v] = d(v, to_f<T>(l[v]));
 }
 
+/// Whether `p` is 16-byte aligned.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 /// Whether rows of `bytes_per_row` starting at `p` are all 16-byte aligned.
-inline bool aligned_rows(const void* p, int64_t bytes_per_row) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && bytes_per_row % 16 == 0;
-}
+inline bool aligned_rows(const void* p, int64_t bytes_per_row) { return aligned16(p) && bytes_per_row % 16 == 0; }
 
 template <class F>
 int by_dtype(KernelDtype dtype, F&& f) {
@@ -498,8 +499,8 @@ int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* o
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int n = 16 / static_cast<int>(sizeof(T));
-    const bool vec = cols % n == 0 && in_stride % n == 0 && aligned_rows(gate, 0) && aligned_rows(up, 0) &&
-                     aligned_rows(out, 0);
+    const bool vec = cols % n == 0 && in_stride % n == 0 && aligned16(gate) && aligned16(up) &&
+                     aligned16(out);
     const int threads = 128;
     const int64_t groups = vec ? cols / n : cols;
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 1024)),
@@ -521,8 +522,8 @@ int launch_silu_mul_backward(const void* gate, const void* up, const void* grad_
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int w = 16 / static_cast<int>(sizeof(T));
-    const bool vec = n % w == 0 && aligned_rows(gate, 0) && aligned_rows(up, 0) && aligned_rows(grad_out, 0) &&
-                     aligned_rows(grad_gate, 0) && aligned_rows(grad_up, 0);
+    const bool vec = n % w == 0 && aligned16(gate) && aligned16(up) && aligned16(grad_out) &&
+                     aligned16(grad_gate) && aligned16(grad_up);
     const int threads = 256;
     const int64_t groups = vec ? n / w : n;
     const auto grid = static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 65535 * 8));
