@@ -39,6 +39,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -207,8 +208,12 @@ int bench_grpo(const std::string& name, int64_t steps, const std::string& profil
                                  40, profile);
     }
   };
-  GRPOTrainer trainer(cfg.run());
-  trainer.fit(policy, std::make_shared<const PromptDataset>(std::move(data)), batched(reward), parts);
+  {
+    GRPOTrainer trainer(cfg.run());
+    trainer.fit(policy, std::make_shared<const PromptDataset>(std::move(data)), batched(reward), parts);
+    std::fprintf(stderr, "bench_train: fit returned\n");  // where an exit crash happens: after which of these lines
+  }
+  std::fprintf(stderr, "bench_train: trainer destroyed\n");
   std::filesystem::remove_all(dir);
   return 0;
 }
@@ -248,6 +253,7 @@ int main(int argc, char** argv) {
   sa.sa_flags = SA_SIGINFO;
   sigaction(SIGSEGV, &sa, nullptr);
   sigaction(SIGABRT, &sa, nullptr);
+  std::atexit([] { std::fprintf(stderr, "bench_train: main returned, static destructors next\n"); });
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "update" && argc > 2) return bench_update(argv[2], argc > 3 ? std::stoll(argv[3]) : 16);
