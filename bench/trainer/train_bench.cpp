@@ -12,7 +12,8 @@
 //                                        phase times, per-phase peak memory and the micro-batch
 //                                        sizes the sizer chose (the first step captures the CUDA
 //                                        graphs and measures memory: read the later ones);
-//                                        `fixed_micro` > 0 turns the sizer off for that size
+//                                        `fixed_micro` > 0 turns the sizer off for that size;
+//                                        BENCH_OVERRIDES="k=v k=v" adds configuration overrides
 //   bench_train profile update|grpo 160m|1b TRACE.json [micro]
 //                                        the same under the Kineto profiler (the update's timed
 //                                        steps; the GRPO run's second step): GPU time per kernel
@@ -148,7 +149,10 @@ int bench_grpo(const std::string& name, int64_t steps, const std::string& profil
   const bool tiny = name == "tiny";  // a CPU smoke test of the program
   const int64_t prompts = tiny ? 4 : 64, n = tiny ? 2 : 8, P = tiny ? 8 : 128, G = tiny ? 8 : 256;
   const auto dir = std::filesystem::temp_directory_path() / fmt::format("hybridrl_grpo_bench_{}", name);
-  std::filesystem::remove_all(dir);
+  // not std::filesystem::remove_all: the LibTorch 2.x pip wheels export a copy of it that jumps to
+  // address 0 on a directory with files (what made this program crash at exit and, when an earlier
+  // run had left its directory, at start)
+  io::detail::remove_tree(dir.string());
   std::vector<std::string> args{
       "model.init=tiny", "task.name=reverse", fmt::format("data.train_batch_size={}", prompts), fmt::format("rollout.n={}", n),
       fmt::format("rollout.max_new_tokens={}", G), "rollout.ignore_eos=true", "rollout.temperature=1.0",
@@ -157,6 +161,10 @@ int bench_grpo(const std::string& name, int64_t steps, const std::string& profil
       fmt::format("geometry.adaptive_micro_batch={}", fixed_micro > 0 ? "false" : "true"),
       fmt::format("trainer.total_steps={}", steps), fmt::format("trainer.output_dir={}", dir.string()),
       "trainer.save_model=false", "trainer.tensorboard=false", "optim.lr=1e-6", "loader.epochs=0"};
+  if (const char* extra = std::getenv("BENCH_OVERRIDES")) {  // more key=value overrides, space-separated
+    std::istringstream words(extra);
+    for (std::string w; words >> w;) args.push_back(w);
+  }
   ConfigSources src;
   src.overrides = args;
   const auto cfg = configure_run<GRPOTrainer>(src);
@@ -208,13 +216,9 @@ int bench_grpo(const std::string& name, int64_t steps, const std::string& profil
                                  40, profile);
     }
   };
-  {
-    GRPOTrainer trainer(cfg.run());
-    trainer.fit(policy, std::make_shared<const PromptDataset>(std::move(data)), batched(reward), parts);
-    std::fprintf(stderr, "bench_train: fit returned\n");  // where an exit crash happens: after which of these lines
-  }
-  std::fprintf(stderr, "bench_train: trainer destroyed\n");
-  std::filesystem::remove_all(dir);
+  GRPOTrainer trainer(cfg.run());
+  trainer.fit(policy, std::make_shared<const PromptDataset>(std::move(data)), batched(reward), parts);
+  io::detail::remove_tree(dir.string());
   return 0;
 }
 
@@ -236,6 +240,20 @@ void on_crash(int sig, siginfo_t* info, void* context) {
                                found && where.dli_sname ? where.dli_sname : "?",
                                found ? static_cast<unsigned long>(static_cast<char*>(pc) - static_cast<char*>(where.dli_fbase)) : 0UL);
   [[maybe_unused]] auto w0 = write(STDERR_FILENO, line, static_cast<size_t>(n0 > 0 ? n0 : 0));
+#if defined(__x86_64__)
+  // a jump to a null or bad address leaves no frame to unwind: the words at the top of the stack
+  // that point into code (the return address of the call that jumped first) say who called
+  const auto* sp = reinterpret_cast<void* const*>(static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_RSP]);
+  for (int i = 0; i < 48; ++i) {
+    Dl_info d{};
+    if (dladdr(sp[i], &d) == 0 || d.dli_fname == nullptr) continue;
+    const int k = std::snprintf(line, sizeof line, "bench_train:   stack[%d] %p in %s (%s+%#lx)\n", i, sp[i], d.dli_fname,
+                                d.dli_sname != nullptr ? d.dli_sname : "?",
+                                static_cast<unsigned long>(static_cast<const char*>(sp[i]) - static_cast<const char*>(
+                                    d.dli_saddr != nullptr ? d.dli_saddr : d.dli_fbase)));
+    [[maybe_unused]] auto wk = write(STDERR_FILENO, line, static_cast<size_t>(k > 0 ? k : 0));
+  }
+#endif
   void* frames[64];
   const int n = backtrace(frames, 64);
   constexpr char head[] = "bench_train: crashed; backtrace:\n";
@@ -253,7 +271,6 @@ int main(int argc, char** argv) {
   sa.sa_flags = SA_SIGINFO;
   sigaction(SIGSEGV, &sa, nullptr);
   sigaction(SIGABRT, &sa, nullptr);
-  std::atexit([] { std::fprintf(stderr, "bench_train: main returned, static destructors next\n"); });
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     if (mode == "update" && argc > 2) return bench_update(argv[2], argc > 3 ? std::stoll(argv[3]) : 16);
