@@ -265,12 +265,16 @@ TEST_SUITE("rollout/paged_cuda") {
       engine.generate(prompts, sampled);
       CHECK(engine.stats().graph_steps >= 10);
       CHECK(at::equal(engine.generate(prompts, greedy).tensor(keys::responses), first));
-      for (int i = 0; i < 2; ++i) {
+      std::vector<int64_t> allocated;  // after each cycle: nothing left behind (cuBLAS's per-stream workspaces were)
+      for (int i = 0; i < 3; ++i) {
         engine.release_memory();
         engine.resume_memory();
         CHECK(at::equal(engine.generate(prompts, greedy).tensor(keys::responses), first));
         CHECK(engine.stats().graph_steps >= 10);
+        allocated.push_back(hybridrl::detail::compat::cuda_memory(0).allocated);
       }
+      CHECK(allocated[1] == allocated[0]);
+      CHECK(allocated[2] == allocated[0]);
     }
     // bf16: greedy tokens of the paged engine (kernel, graphs) against the dense path, reported
     m->to(at::kBFloat16);

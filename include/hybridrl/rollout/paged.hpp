@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -379,6 +380,7 @@ class PagedEngine {
     at::Tensor tokens, log_probs;                                       // static outputs
   };
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;
+  std::optional<c10::cuda::CUDAStream> capture_stream_;  // where every decode graph is captured
   SamplingOptions graph_sampling_;
   decltype(at::cuda::graph_pool_handle()) graph_pool_{0, 0};
 #endif
@@ -517,7 +519,12 @@ class PagedEngine {
     g->log_probs = at::zeros({rows}, l.dtype(at::kFloat));
     if (graph_pool_.first == 0 && graph_pool_.second == 0) graph_pool_ = at::cuda::graph_pool_handle();
     cudaDeviceSynchronize();
-    auto side = at::cuda::getStreamFromPool(false, device_.index());
+    // one capture stream for the engine's life: cuBLAS keeps a workspace (32 MiB on Hopper) per
+    // stream it ran on, allocated until the process ends, so a fresh pool stream per capture (every
+    // step, where free_cache_engine drops the graphs) left 32 MiB more allocated after each step
+    // until the pool's 32 streams were all used (1 GiB; seen on the H100 as +32 MiB a GRPO step)
+    if (!capture_stream_) capture_stream_ = at::cuda::getStreamFromPool(false, device_.index());
+    auto side = *capture_stream_;
     {
       c10::cuda::CUDAStreamGuard guard(side);
       decode_body(*g, s);  // warm-up on the capture stream (cuBLAS workspaces, the allocator)
