@@ -5,6 +5,7 @@
 
 #include <ftw.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -324,10 +325,13 @@ TEST_SUITE("model/pretrained") {
       MESSAGE(k << ": mean |ours - HF bf16| " << ours_vs_hf16 << ", |ours - fp32| " << ours_vs_fp32
                 << ", |HF bf16 - fp32| " << floor);
       // measured (LibTorch 1.13 CPU vs transformers 5.24 on torch 2.15): |ours - fp32| = 0.96 x the
-      // floor, |ours - HF bf16| = 0.70 x; RMSNorm, softmax or rope tables in bf16 (instead of fp32, as
-      // HF) add an error of the floor's own size to the first
+      // floor; RMSNorm, softmax or rope tables in bf16 (instead of fp32, as HF) add an error of the
+      // floor's own size to it. |ours - HF bf16| depends on the CPU's bf16 GEMM: 0.70 x the floor
+      // where both sides' roundings agree (an AVX-512 machine), 1.02 x on an AVX2-only AMD EPYC
+      // (12-06); two bf16 results each one floor from fp32 with independent roundings are about
+      // sqrt(2) floors apart, the bound here
       CHECK(ours_vs_fp32 <= 1.1 * floor);
-      CHECK(ours_vs_hf16 <= floor);
+      CHECK(ours_vs_hf16 <= std::sqrt(2.0) * floor);
       CHECK((got.argmax(-1) == hf16.argmax(-1)).to(at::kFloat).mean().item<double>() >= 0.97);
     }
   }
