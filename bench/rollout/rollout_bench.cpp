@@ -113,23 +113,29 @@ int bench_generate(const std::string& model, const std::vector<int64_t>& batches
   constexpr double kHbm = 4.8e12;  // H200 HBM3e, bytes/s
   for (auto B : batches) {
     const auto prompts = random_prompts(B, P, c.vocab_size);
-    PagedEngine paged(m, PagedOptions{}.max_num_seqs(std::max<int64_t>(B, 1)).kv_cache_tokens(B * (P + G) + 1024));
+    const auto opts = PagedOptions{}.max_num_seqs(std::max<int64_t>(B, 1)).kv_cache_tokens(B * (P + G) + 1024);
+    PagedEngine paged(m, opts);
     if (dev.is_cuda()) {
-      // the fused kernels on (the default) and off (the eager ops), same engine and weights
+      // the fused kernels on (the default) and off (the eager ops), same engine and weights; and
+      // the fused engine with asynchronous scheduling off (each step waits for its tokens)
+      PagedEngine sync(m, PagedOptions(opts).async_scheduling(false));
       TensorBatch on, off;
-      for (bool f : {true, false}) {
+      for (int run = 0; run < 3; ++run) {
+        const bool f = run != 1;
+        const char* engine = run == 0 ? "paged" : run == 1 ? "paged_unfused" : "paged_sync";
+        auto& e = run == 2 ? sync : paged;
         fused::set_enabled(f);
-        time_generate(f ? "paged" : "paged_unfused", paged, prompts, sampled, model, dev);
-        const auto st = paged.stats();
+        time_generate(engine, e, prompts, sampled, model, dev);
+        const auto st = e.stats();
         const double roof = static_cast<double>(B) * kHbm / decode_step_bytes(c, B, P, G, c10::elementSize(dtype));
         std::printf("{\"bench\": \"roofline\", \"engine\": \"%s\", \"model\": \"%s\", \"batch\": %lld, "
                     "\"decode_step_ms\": %.3f, \"decode_tokens_per_s\": %.1f, \"roofline_tokens_per_s\": %.1f, "
-                    "\"decode_fraction_of_roofline\": %.3f}\n",
-                    f ? "paged" : "paged_unfused", model.c_str(), static_cast<long long>(B),
-                    1e3 * st.decode_seconds / static_cast<double>(G - 1),
+                    "\"decode_fraction_of_roofline\": %.3f, \"overlapped_steps\": %lld}\n",
+                    engine, model.c_str(), static_cast<long long>(B), 1e3 * st.decode_seconds / static_cast<double>(G - 1),
                     static_cast<double>(st.generated_tokens - B) / st.decode_seconds, roof,
-                    static_cast<double>(st.generated_tokens - B) / st.decode_seconds / roof);
-        (f ? on : off) = paged.generate(prompts, greedy);
+                    static_cast<double>(st.generated_tokens - B) / st.decode_seconds / roof,
+                    static_cast<long long>(st.overlapped_steps));
+        if (run < 2) (f ? on : off) = paged.generate(prompts, greedy);
       }
       fused::set_enabled(true);
       std::printf("{\"bench\": \"greedy_agreement\", \"what\": \"fused vs eager ops\", \"model\": \"%s\", "

@@ -132,6 +132,58 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
   }
 }
 
+// The same, 8 pairs per thread with 16-byte loads and stores (rows and pointers 16-byte aligned,
+// head_dim / 2 a multiple of 8): a thread takes x[i..i+8) and x[i+half..i+half+8) of one head of
+// one token, so a block covers several tokens (the kernel above gives each token a block, and its
+// 2-byte accesses left it at a third of the memory bandwidth on training's [tokens x heads] rows).
+// The arithmetic per element is the kernel above's: bit-identical results.
+template <class T>
+__global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t q_stride, int64_t k_stride,
+                                int64_t v_stride, T* q_out, T* k_out, T* v_out, const T* __restrict__ cos,
+                                const T* __restrict__ sin, int64_t tokens, int heads, int kv_heads, int head_dim) {
+  constexpr int N = 16 / sizeof(T);
+  using P = uint4;
+  const int half = head_dim / 2, chunks = half / N;  // per head
+  const int per_token = (heads + kv_heads) * chunks;
+  const int v_chunks = v_in != nullptr ? kv_heads * head_dim / N : 0;
+  const int64_t items = tokens * (per_token + v_chunks);
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; it < items;
+       it += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t token = it / (per_token + v_chunks);
+    const int w = static_cast<int>(it - token * (per_token + v_chunks));
+    if (w >= per_token) {  // v's copy
+      const int e = (w - per_token) * N;
+      *reinterpret_cast<P*>(v_out + token * kv_heads * head_dim + e) = *reinterpret_cast<const P*>(v_in + token * v_stride + e);
+      continue;
+    }
+    const int head = w / chunks, i0 = (w % chunks) * N;
+    const bool is_q = head < heads;
+    const int h = is_q ? head : head - heads;
+    const T* x = (is_q ? q_in + token * q_stride : k_in + token * k_stride) + h * head_dim;
+    T* y = (is_q ? q_out + token * heads * head_dim : k_out + token * kv_heads * head_dim) + h * head_dim;
+    const T* c = cos + token * head_dim;
+    const T* sn = sin + token * head_dim;
+    P xa = *reinterpret_cast<const P*>(x + i0), xb = *reinterpret_cast<const P*>(x + i0 + half);
+    const P ca = *reinterpret_cast<const P*>(c + i0), cb = *reinterpret_cast<const P*>(c + i0 + half);
+    const P sa = *reinterpret_cast<const P*>(sn + i0), sb = *reinterpret_cast<const P*>(sn + i0 + half);
+    const T* a = reinterpret_cast<const T*>(&xa);
+    const T* b = reinterpret_cast<const T*>(&xb);
+    P ya, yb;
+    T* lo = reinterpret_cast<T*>(&ya);
+    T* hi = reinterpret_cast<T*>(&yb);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float av = to_f<T>(a[k]), bv = to_f<T>(b[k]);
+      const float c0 = to_f<T>(reinterpret_cast<const T*>(&ca)[k]), c1 = to_f<T>(reinterpret_cast<const T*>(&cb)[k]);
+      const float s0 = to_f<T>(reinterpret_cast<const T*>(&sa)[k]), s1 = to_f<T>(reinterpret_cast<const T*>(&sb)[k]);
+      lo[k] = from_f<T>(round_to<T>(round_to<T>(__fmul_rn(av, c0)) + round_to<T>(__fmul_rn(-bv, s0))));
+      hi[k] = from_f<T>(round_to<T>(round_to<T>(__fmul_rn(bv, c1)) + round_to<T>(__fmul_rn(av, s1))));
+    }
+    *reinterpret_cast<P*>(y + i0) = ya;
+    *reinterpret_cast<P*>(y + i0 + half) = yb;
+  }
+}
+
 // ---- SiLU(gate) * up, and its backward ----
 // gate and up rows `in_stride` elements apart (the halves of one fused gate|up projection, or
 // separate tensors), out [rows, cols] contiguous. A block row per matrix row (no 64-bit division
@@ -485,6 +537,20 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
   const int threads = pairs >= 512 ? 512 : pairs >= 256 ? 256 : 128;
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
+    constexpr int64_t N = 16 / sizeof(T);
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = (head_dim / 2) % N == 0 && q_stride % N == 0 && k_stride % N == 0 &&
+                     (v_in == nullptr || v_stride % N == 0) && aligned(q_in) && aligned(k_in) && aligned(q_out) &&
+                     aligned(k_out) && aligned(cos) && aligned(sin) && (v_in == nullptr || (aligned(v_in) && aligned(v_out)));
+    if (vec) {
+      const int64_t items = tokens * ((heads + kv_heads) * head_dim / 2 / N + (v_in != nullptr ? kv_heads * head_dim / N : 0));
+      const int64_t blocks = std::min<int64_t>((items + 255) / 256, int64_t{1} << 20);
+      rope_vec_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+          static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
+          v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),
+          static_cast<const T*>(sin), tokens, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim));
+      return static_cast<int>(cudaGetLastError());
+    }
     rope_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
         v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),

@@ -210,6 +210,23 @@ TEST_SUITE("rollout/paged") {
     engine.resume_memory();
     CHECK(at::equal(engine.generate(batch, s).tensor(keys::responses), expect));
     CHECK(engine.stats().kv_cache_bytes == engine.num_blocks() * 2 * 2 * 4 * 2 * 16 * 4);
+    CHECK(engine.num_blocks() == 512 / 4);  // kv_cache_tokens: that size, after a resume too
+    // a pool sized from memory (kv_cache_tokens 0; 16384 tokens on the CPU): after a resume it is
+    // allocated for the next call's requests, one fork block each: ceil((3 + 4 - 1) / 4) + 1 = 3
+    // and ceil((6 + 4 - 1) / 4) + 1 = 4 blocks; a call that needs more grows it
+    PagedEngine sized(m, PagedOptions{}.block_size(4));
+    CHECK(sized.num_blocks() == 16384 / 4);
+    sized.release_memory();
+    sized.resume_memory();
+    CHECK(at::equal(sized.generate(batch, s).tensor(keys::responses), expect));
+    CHECK(sized.num_blocks() == 3 + 4);
+    CHECK(sized.stats().kv_cache_bytes == 7 * 2 * 2 * 4 * 2 * 16 * 4);
+    const auto longer = SamplingOptions(s).max_new_tokens(8);
+    CHECK(at::equal(sized.generate(batch, longer).tensor(keys::responses), naive.generate(batch, longer).tensor(keys::responses)));
+    CHECK(sized.num_blocks() == 4 + 5);  // ceil(10 / 4) + 1, ceil(13 / 4) + 1
+    sized.generate(batch, s);
+    CHECK(sized.num_blocks() == 9);  // a smaller call keeps the pool
+    CHECK(sized.block_pool().num_free() == 9);
   }
 
   TEST_CASE("bad requests and options are refused before any model work, naming the fix") {
@@ -292,6 +309,76 @@ TEST_SUITE("rollout/paged_cuda") {
     const double agree_chunked = ch.eq(a).to(at::kDouble).mean().item<double>();
     MESSAGE("bf16 greedy tokens, chunked prefill against whole prompts: " << agree_chunked);
     CHECK(agree_chunked > 0.5);
+#else
+    MESSAGE("built without hybridrl::cuda: the CUDA engine is tested on CUDA builds");
+#endif
+  }
+
+  TEST_CASE("async scheduling: steps launched before the last tokens are read give synchronous and eager steps' tokens") {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+    if (!at::hasCUDA()) {
+      MESSAGE("no CUDA device: not run");
+      return;
+    }
+    const auto c = hybridrl::testing::kernel_shaped_config();
+    at::manual_seed(0);
+    CausalLM m(c);
+    m->to(at::Device(at::kCUDA, 0), at::kFloat);
+    c10::NoGradGuard g;
+    // 5 prompts x 3 samples (followers fork their leader), 8 running at most (a queue), a pool of
+    // 160 tokens for up to 8 x 53 (preemption), sampled
+    std::vector<std::vector<int64_t>> rows;
+    std::vector<int64_t> groups;
+    for (size_t i = 0; i < paged_prompts().size(); ++i) {
+      for (int k = 0; k < 3; ++k) {
+        rows.push_back(paged_prompts()[i]);
+        groups.push_back(static_cast<int64_t>(i));
+      }
+    }
+    auto prompts = prompt_batch(rows);
+    prompts.set(keys::group_ids.str(), at::tensor(groups, at::kLong));
+    const auto o = PagedOptions{}.block_size(4).kv_cache_tokens(160).max_num_seqs(8);
+    const auto base = SamplingOptions{}.temperature(0.8).max_new_tokens(40).ignore_eos(true).seed(5);
+    // stop ids drawn mid-response by two rows of an unstopped run: those rows (and others that
+    // draw them) stop early, the rest run to the length limit
+    PagedEngine probe(m, PagedOptions(o).async_scheduling(false));
+    const auto free_run = probe.generate(prompts, base).tensor(keys::responses);
+    const std::vector<int64_t> stops{free_run[0][6].item<int64_t>(), free_run[7][17].item<int64_t>()};
+    for (const auto& s : {SamplingOptions(base).stop_token_ids(stops), SamplingOptions(base).stop_token_ids(stops).min_new_tokens(9),
+                          base}) {
+      CAPTURE(s.min_new_tokens());
+      CAPTURE(s.stop_token_ids().size());
+      PagedEngine async(m, o), sync(m, PagedOptions(o).async_scheduling(false)), eager(m, PagedOptions(o).cuda_graphs(false));
+      auto a = async.generate(prompts, s), b = sync.generate(prompts, s), e = eager.generate(prompts, s);
+      CHECK(async.stats().overlapped_steps >= 10);
+      CHECK(sync.stats().overlapped_steps == 0);
+      CHECK(sync.stats().graph_steps >= 10);
+      CHECK(async.stats().preemptions > 0);
+      for (const auto& k : {keys::responses, keys::response_mask, keys::finish_reason}) {
+        CAPTURE(k.str());
+        CHECK(at::equal(a.tensor(k), b.tensor(k)));
+        CHECK(at::equal(a.tensor(k), e.tensor(k)));
+      }
+      // a row that stopped is computed once more under async scheduling: a step can have another
+      // padded size (another GEMM shape), so log-probs may differ in the last bits (fp32)
+      CHECK(at::allclose(a.tensor(keys::rollout_log_probs), b.tensor(keys::rollout_log_probs), 1e-4, 1e-4));
+      CHECK(at::allclose(a.tensor(keys::rollout_log_probs), e.tensor(keys::rollout_log_probs), 1e-4, 1e-4));
+      const auto reason = a.tensor(keys::finish_reason);
+      const auto lengths = a.tensor(keys::response_mask).sum(1);
+      if (s.stop_token_ids().empty()) {
+        CHECK(reason.eq(static_cast<int64_t>(FinishReason::stop)).sum().item<int64_t>() == 0);
+      } else if (s.min_new_tokens() == 0) {  // the same draws as the free run up to a stop id
+        CHECK(reason[0].item<int64_t>() == static_cast<int64_t>(FinishReason::stop));
+        CHECK(reason[7].item<int64_t>() == static_cast<int64_t>(FinishReason::stop));
+        CHECK(lengths[0].item<int64_t>() <= 7);
+        CHECK(lengths[7].item<int64_t>() <= 18);
+      } else {
+        CHECK(lengths.min().item<int64_t>() >= 9);
+      }
+      CHECK(async.block_pool().num_free() == async.num_blocks());  // nothing held after the call
+      // a second call on the same engine: graphs captured, the same tokens
+      CHECK(at::equal(async.generate(prompts, s).tensor(keys::responses), a.tensor(keys::responses)));
+    }
 #else
     MESSAGE("built without hybridrl::cuda: the CUDA engine is tested on CUDA builds");
 #endif

@@ -33,6 +33,7 @@ struct RolloutStats {
   double kv_peak_utilization = 0.0;  ///< most KV blocks held at once / blocks in the pool (Paged)
   int64_t steps = 0;             ///< forwards run
   int64_t graph_steps = 0;       ///< decode steps replayed from a captured CUDA graph (Paged)
+  int64_t overlapped_steps = 0;  ///< of those, launched before the previous step's tokens were read (Paged, async_scheduling)
 };
 
 /// The keys every generate() writes (core/keys.hpp): prompts, responses, response_mask,

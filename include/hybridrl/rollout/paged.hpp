@@ -40,7 +40,9 @@
 
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS) && defined(HYBRIDRL_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -78,12 +80,17 @@ struct PagedOptions {
   HYBRIDRL_ARG(int64_t, tensor_parallel_size) = 1;
   /// Capture the decode step in CUDA graphs (CUDA only).
   HYBRIDRL_ARG(bool, cuda_graphs) = true;
+  /// Launch each decode step before the host has read the previous step's tokens (CUDA graphs
+  /// only; vLLM's key): the next step's input ids are taken from the drawn tokens on the device,
+  /// and the host's scheduling and stop rules run while the GPU computes. A row that stops at a
+  /// token costs one wasted row-step; the tokens are the same as with it off.
+  HYBRIDRL_ARG(bool, async_scheduling) = true;
   /// In training, free the KV pool (and the graphs) after each generation and allocate it again
   /// before the next, so the update phase has that memory (verl's free_cache_engine).
   HYBRIDRL_ARG(bool, free_cache_engine) = true;
 
   HYBRIDRL_FIELDS(n, sampling, block_size, memory_fraction, kv_cache_tokens, max_num_seqs, max_num_batched_tokens,
-                  prefix_sharing, tensor_parallel_size, cuda_graphs, free_cache_engine)
+                  prefix_sharing, tensor_parallel_size, cuda_graphs, async_scheduling, free_cache_engine)
 
   /// Throws hybridrl::Error for an impossible value (problem starts with the field name).
   void validate() const {
@@ -127,6 +134,7 @@ class PagedEngine {
     block_bytes_ = 2 * c.num_hidden_layers * options_.block_size() * c.num_key_value_heads * c.head_dim *
                    static_cast<int64_t>(c10::elementSize(dtype_));
     num_blocks_ = pool_blocks();
+    budget_blocks_ = num_blocks_;
     pool_ = BlockPool(num_blocks_, options_.block_size());
     allocate();
   }
@@ -153,6 +161,7 @@ class PagedEngine {
     const auto& c = model_->config();
     auto requests = read_requests(prompts, s, c, "Rollout<Paged>");
     const auto rule = StopRule::make(s, c);
+    if (sized_per_call_) fit_pool(requests, rule);
     check_fits(requests, rule);
     stats_ = {};
     stats_.kv_cache_bytes = num_blocks_ * block_bytes_;
@@ -174,19 +183,34 @@ class PagedEngine {
     std::vector<GeneratedSequence> seqs(requests.size());
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
     auto decoder = model_->model;
-    while (!sched.done()) {
+    // a replayed decode step whose drawn tokens the host has not read yet (async_scheduling):
+    // the next step is launched first when it can be, so the host's work overlaps the GPU's
+    std::optional<PendingDecode> pending;
+    while (!sched.done() || pending) {
+      bool ahead = false;
+      if (pending) {
+        ahead = prepare_ahead(*pending, sched, requests, seqs, rule);
+        if (!ahead) {
+          settle(*pending, sched, requests, seqs, rule, false);
+          pending.reset();
+          continue;
+        }
+      }
       const auto t0 = clock::now();
       auto step = sched.schedule();
       HYBRIDRL_CHECK(!step.empty(), "Rollout<Paged>: the scheduler made no progress with sequences left",
                      "this is a bug: please report it with the options and prompt lengths");
       held_peak_ = std::max(held_peak_, num_blocks_ - pool_.num_free());
       copy_blocks(step.copies);
-      if (graph_step(step, sched, requests, seqs, s, rule)) {
+      if (graph_step(step, sched, requests, seqs, s, rule, pending, ahead)) {
         stats_.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
         ++stats_.steps;
         ++stats_.graph_steps;
+        stats_.overlapped_steps += ahead ? 1 : 0;
         continue;
       }
+      HYBRIDRL_CHECK(!ahead, "Rollout<Paged>: a decode step launched ahead of the last one's tokens could not replay its graph",
+                     "this is a bug: please report it; rollout.async_scheduling=false avoids it");
       // the step's packed tokens, their positions and slots; each sequence's place in the pool
       std::vector<int64_t> ids, pos;
       std::vector<std::vector<int32_t>> tables;
@@ -293,12 +317,21 @@ class PagedEngine {
     // one large allocation could not be made again (seen on the H200: OOM at the second step)
     empty_device_cache();
   }
-  /// Allocates the KV pool again, the same size (the caching allocator's unused blocks are given
-  /// back to the device first, so the training phase's cached memory does not stand in the way).
+  /// Makes the KV pool available again (the caching allocator's unused blocks are given back to
+  /// the device first, so the training phase's cached memory does not stand in the way). A pool
+  /// sized from memory_fraction (kv_cache_tokens 0) is allocated by the next generate() call, at
+  /// the blocks its requests can hold at once and no more than the fraction's: a GRPO batch of
+  /// 512 x 384 tokens of the 160m config needs 7.4 GB, not the 38.7 GB the fraction allows on an
+  /// H100 — and allocating, zeroing and freeing the rest every step cost ~50 ms of it. An
+  /// explicit kv_cache_tokens is allocated here, that size.
   void resume_memory() {
     if (released_) {
       empty_device_cache();
-      allocate();
+      if (options_.kv_cache_tokens() == 0) {
+        sized_per_call_ = true;  // fit_pool allocates
+      } else {
+        allocate();
+      }
     }
     released_ = false;
   }
@@ -348,13 +381,34 @@ class PagedEngine {
                     at::TensorOptions().dtype(dtype_).device(device_));
   }
 
+  // KV blocks request `i` holds at most: prompt + response (the last drawn token is never
+  // computed), and a copy-on-write block for a fork
+  int64_t blocks_for(const GenerationRequest& r, const StopRule& rule) const {
+    const auto bs = options_.block_size();
+    const auto L = static_cast<int64_t>(r.prompt.size());
+    return (L + rule.budget(L) - 1 + bs - 1) / bs + 1;
+  }
+
+  // After resume_memory: a pool for every request at once (no preemption), at most the budget;
+  // allocated when there is none or a later call needs more (the pool is idle between calls)
+  void fit_pool(const std::vector<GenerationRequest>& req, const StopRule& rule) {
+    int64_t need = 0;
+    for (const auto& r : req) need += blocks_for(r, rule);
+    need = std::min(need, budget_blocks_);
+    if (kv_.defined() && need <= num_blocks_) return;
+    drop_graphs();
+    kv_ = at::Tensor();
+    num_blocks_ = need;
+    pool_ = BlockPool(num_blocks_, options_.block_size());
+    allocate();
+  }
+
   // every request must fit the pool alone (prompt + response, a copy-on-write block for forks)
   void check_fits(const std::vector<GenerationRequest>& req, const StopRule& rule) const {
     const auto bs = options_.block_size();
     for (size_t i = 0; i < req.size(); ++i) {
       const auto L = static_cast<int64_t>(req[i].prompt.size());
-      const auto tokens = L + rule.budget(L) - 1;  // the last drawn token is never computed
-      const auto need = (tokens + bs - 1) / bs + 1;
+      const auto need = blocks_for(req[i], rule);
       HYBRIDRL_CHECK(need <= num_blocks_,
                      fmt::format("Rollout<Paged>.generate: prompt {} ({} tokens, up to {} new) needs {} KV blocks of {} "
                                  "tokens; the pool has {}",
@@ -371,15 +425,42 @@ class PagedEngine {
   // kernel reading static block tables, and the sampler writing static outputs. Padding rows
   // write no KV (slot -1) and attend to one token. A replay costs one launch instead of the
   // ~40 LibTorch ops per layer of an eager step.
+  //
+  // The graphs share one device buffer of inputs and outputs (DecodeIO): the drawn tokens of the
+  // last replay, then the host's inputs (ids, a gather index, positions, slots, seeds, samples,
+  // generated counts, context lengths, block tables). A graph's first op gathers its input ids
+  // from the index: a token the host staged, or the token the previous replay drew on the device
+  // — what lets async_scheduling launch step t + 1 before the host has read step t's tokens. The
+  // host side is two pinned staging buffers and two pinned output buffers, used by alternate
+  // steps (a buffer is reused only after the step two back is settled).
+  struct PendingDecode {
+    std::vector<int64_t> seqs;  // the sequence of each row
+    int parity = 0;             // its pinned buffers and event
+  };
 #if HYBRIDRL_PAGED_CUDA_GRAPHS
   struct DecodeGraph {
     int64_t rows = 0, width = 0;
     at::cuda::CUDAGraph graph;
-    at::Tensor ids, pos, slots, tables, ctx, seeds, samples, positions;  // static inputs
-    at::Tensor host;                                                    // pinned staging
-    at::Tensor tokens, log_probs;                                       // static outputs
+    at::Tensor ids;  // the gathered input ids (static)
+  };
+  struct DecodeIO {
+    int64_t M = 0, W = 0;  // rows and table width the buffers hold
+    at::Tensor dev;        // int64: [tokens | ids | index | pos | slots | seeds | samples | positions] x M, ctx, tables
+    at::Tensor log_probs;  // float [M], the drawn tokens' log-probs
+    at::Tensor host_in[2], host_out[2];  // pinned: dev's layout; the tokens then their log-probs
+    at::cuda::CUDAEvent done[2];         // after each parity's device-to-host copy
+    int parity = 0;
+    int64_t off(int k) const { return k * M; }  // the k-th int64 region (0 tokens ... 7 positions)
+    int64_t ctx_off() const { return 8 * M; }   // int32 context lengths, then int32 tables [M, W]
+    int64_t int_words() const { return (M * (1 + W) + 1) / 2; }
+    at::Tensor longs(int k, int64_t rows) const { return dev.narrow(0, off(k), rows); }
+    at::Tensor ctx(int64_t rows) const { return dev.narrow(0, ctx_off(), int_words()).view(at::kInt).narrow(0, 0, rows); }
+    at::Tensor tables(int64_t rows) const {
+      return dev.narrow(0, ctx_off(), int_words()).view(at::kInt).narrow(0, M, M * W).view({M, W}).narrow(0, 0, rows);
+    }
   };
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;
+  std::unique_ptr<DecodeIO> io_;
   std::optional<c10::cuda::CUDAStream> capture_stream_;  // where every decode graph is captured
   SamplingOptions graph_sampling_;
   decltype(at::cuda::graph_pool_handle()) graph_pool_{0, 0};
@@ -400,36 +481,126 @@ class PagedEngine {
            a.min_p() == b.min_p();
   }
 
-  bool graph_step(const ScheduledStep& step, PagedScheduler& sched, const std::vector<GenerationRequest>& req,
-                  std::vector<GeneratedSequence>& seqs, const SamplingOptions& s, const StopRule& rule) {
+  [[nodiscard]] bool graphs_usable() const {
 #if HYBRIDRL_PAGED_CUDA_GRAPHS
     const auto& c = model_->config();
-    if (!device_.is_cuda() || !options_.cuda_graphs() ||
-        !paged_decode_kernel_covers(c.num_attention_heads, c.num_key_value_heads, c.head_dim)) {
+    return device_.is_cuda() && options_.cuda_graphs() &&
+           paged_decode_kernel_covers(c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+#else
+    return false;
+#endif
+  }
+  [[nodiscard]] int64_t graph_width() const {
+    const auto bs = options_.block_size();
+    return std::min(num_blocks_, (model_->config().max_position_embeddings + bs - 1) / bs);
+  }
+  static int64_t padded_rows(int64_t n) {
+    int64_t rows = 1;
+    while (rows < n) rows *= 2;
+    return rows;
+  }
+
+  // Decides, while `p` runs on the GPU, whether the next decode step can be launched before its
+  // tokens are read: every running sequence is a row of `p` and no other work waits (no queued
+  // prompt, no preemption possible, no row under min_new_tokens), and the graph for the rows
+  // that go on is already captured. If so, rows that end by length are finished now and the
+  // others get a placeholder token (settle writes the drawn one); the caller schedules the step.
+  bool prepare_ahead(const PendingDecode& p, PagedScheduler& sched, const std::vector<GenerationRequest>& req,
+                     const std::vector<GeneratedSequence>& seqs, const StopRule& rule) {
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+    if (!options_.async_scheduling() || sched.num_waiting() != 0) return false;
+    std::vector<int64_t> go_on, ends;
+    int64_t live = 0;
+    for (auto id : p.seqs) {
+      const auto& seq = seqs[static_cast<size_t>(id)];
+      if (seq.done) continue;  // stopped at a token read while `p` was launched
+      ++live;
+      const auto generated = static_cast<int64_t>(seq.tokens.size()) + 1;  // with p's token
+      const auto L = static_cast<int64_t>(req[static_cast<size_t>(id)].prompt.size());
+      if (generated >= rule.budget(L)) {
+        ends.push_back(id);
+      } else {
+        if (!rule.stop_ids.empty() && generated < rule.min_new_tokens) return false;
+        go_on.push_back(id);
+      }
+    }
+    if (go_on.empty() || live != sched.num_running() || live > options_.max_num_batched_tokens() ||
+        static_cast<int64_t>(go_on.size()) > pool_.num_free()) {
       return false;
     }
+    const auto rows = padded_rows(static_cast<int64_t>(go_on.size()));
+    const auto width = graph_width();
+    bool captured = false;
+    for (const auto& g : graphs_) captured = captured || (g->rows == rows && g->width == width);
+    if (!captured) return false;
+    for (auto id : ends) sched.finish(id);  // `p` still writes their last KV slot: harmless, later
+                                            // owners of the blocks write before they read
+    for (auto id : go_on) sched.append(id, 0);
+    return true;
+#else
+    (void)p, (void)sched, (void)req, (void)seqs, (void)rule;
+    return false;
+#endif
+  }
+
+  // Reads `p`'s drawn tokens (waiting for its copy) and applies them: the stop rules, and the
+  // scheduler's token lists — a placeholder replaced (`ahead`: the next step was launched with
+  // it) or the token appended. Rows of sequences finished meanwhile are skipped.
+  void settle(const PendingDecode& p, PagedScheduler& sched, const std::vector<GenerationRequest>& req,
+              std::vector<GeneratedSequence>& seqs, const StopRule& rule, bool ahead) {
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+    io_->done[p.parity].synchronize();
+    const auto& out = io_->host_out[p.parity];
+    const auto* tok = out.data_ptr<int64_t>();
+    const auto* lp = reinterpret_cast<const float*>(tok + io_->M);
+    for (size_t r = 0; r < p.seqs.size(); ++r) {
+      const auto id = p.seqs[r];
+      auto& seq = seqs[static_cast<size_t>(id)];
+      if (seq.done) continue;
+      rule.append(seq, static_cast<int64_t>(req[static_cast<size_t>(id)].prompt.size()), tok[r], lp[r]);
+      if (sched.finished(id)) continue;  // ended by length in prepare_ahead
+      if (ahead) sched.set_last_token(id, tok[r]);
+      if (seq.done) sched.finish(id);
+      else if (!ahead) sched.append(id, tok[r]);
+    }
+#else
+    (void)p, (void)sched, (void)req, (void)seqs, (void)rule, (void)ahead;
+#endif
+  }
+
+  // Replays the decode graph for `step` when it is a pure decode step the graphs cover. `ahead`:
+  // launched before `pending`'s tokens were read (its rows' inputs are gathered on the device),
+  // which is settled after the launch. With async_scheduling the step becomes `pending`.
+  bool graph_step(const ScheduledStep& step, PagedScheduler& sched, const std::vector<GenerationRequest>& req,
+                  std::vector<GeneratedSequence>& seqs, const SamplingOptions& s, const StopRule& rule,
+                  std::optional<PendingDecode>& pending, bool ahead) {
+#if HYBRIDRL_PAGED_CUDA_GRAPHS
+    if (!graphs_usable()) return false;
     const auto S = static_cast<int64_t>(step.chunks.size());
     if (S > options_.max_num_seqs()) return false;
     const auto bs = options_.block_size();
-    const auto width = std::min(num_blocks_, (c.max_position_embeddings + bs - 1) / bs);
+    const auto width = graph_width();
+    const int64_t before = ahead ? 1 : 0;  // the pending token not yet in seqs
     for (const auto& ch : step.chunks) {
       const auto& q = sched.sequence(ch.seq);
       if (ch.count != 1 || ch.start + 1 != static_cast<int64_t>(q.tokens.size()) || !q.followers.empty()) return false;
       if (static_cast<int64_t>(q.table.blocks().size()) > width) return false;
       // a row still under min_new_tokens needs the banned-token mask: the eager step does it
-      if (!rule.stop_ids.empty() && static_cast<int64_t>(seqs[static_cast<size_t>(ch.seq)].tokens.size()) < rule.min_new_tokens) {
+      if (!rule.stop_ids.empty() &&
+          static_cast<int64_t>(seqs[static_cast<size_t>(ch.seq)].tokens.size()) + before < rule.min_new_tokens) {
         return false;
       }
     }
     if (!graphs_.empty() && !same_sampling(graph_sampling_, s)) drop_graphs();
     graph_sampling_ = s;
-    int64_t rows = 1;
-    while (rows < S) rows *= 2;
+    const auto rows = padded_rows(S);
     DecodeGraph* g = nullptr;
     for (auto& p : graphs_) {
       if (p->rows == rows && p->width == width) g = p.get();
     }
     if (g == nullptr) {
+      HYBRIDRL_CHECK(!ahead, "Rollout<Paged>: a decode graph would be captured while a step is in flight",
+                     "this is a bug: please report it; rollout.async_scheduling=false avoids it");
       try {
         graphs_.push_back(capture_decode(rows, width, s));
       } catch (const std::exception& e) {
@@ -440,91 +611,131 @@ class PagedEngine {
       }
       g = graphs_.back().get();
     }
-    // stage this step's inputs (padding rows: token 0 at position 0, no KV write, one key)
-    auto* h = g->host.data_ptr<int64_t>();
-    const auto W = g->width;
-    int64_t* ids = h;
-    int64_t* pos = h + rows;
-    int64_t* slots = h + 2 * rows;
-    int64_t* seeds = h + 3 * rows;
-    int64_t* samples = h + 4 * rows;
-    int64_t* positions = h + 5 * rows;
-    auto* ctx = reinterpret_cast<int32_t*>(h + 6 * rows);
-    auto* tables = ctx + rows;
-    std::fill(h, h + 6 * rows, 0);
-    std::fill(slots, slots + rows, -1);
-    std::fill(ctx, ctx + rows, 1);
-    std::fill(tables, tables + rows * W, 0);
-    for (int64_t r = 0; r < S; ++r) {
+    auto& io = *io_;
+    const auto M = io.M, W = io.W;
+    // stage this step's inputs in the pinned buffer of its parity (padding rows: token 0 at
+    // position 0, no KV write, one key)
+    const int par = io.parity;
+    io.parity ^= 1;
+    auto* h = io.host_in[par].data_ptr<int64_t>();  // laid out like dev (its tokens region unused)
+    int64_t* ids = h + io.off(1);
+    int64_t* index = h + io.off(2);
+    int64_t* pos = h + io.off(3);
+    int64_t* slots = h + io.off(4);
+    int64_t* seeds = h + io.off(5);
+    int64_t* samples = h + io.off(6);
+    int64_t* positions = h + io.off(7);
+    auto* ctx = reinterpret_cast<int32_t*>(h + io.ctx_off());
+    auto* tables = ctx + M;
+    std::vector<int64_t> prev_row;  // the row of each sequence in the pending step
+    if (ahead) {
+      prev_row.assign(seqs.size(), -1);
+      for (size_t r = 0; r < pending->seqs.size(); ++r) prev_row[static_cast<size_t>(pending->seqs[r])] = static_cast<int64_t>(r);
+    }
+    int64_t used = 1;  // table columns any row uses
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r >= S) {
+        ids[r] = 0, index[r] = M + r, pos[r] = 0, slots[r] = -1, seeds[r] = 0, samples[r] = 0, positions[r] = 0;
+        ctx[r] = 1;
+        tables[r * W] = 0;
+        continue;
+      }
       const auto& ch = step.chunks[static_cast<size_t>(r)];
       const auto& q = sched.sequence(ch.seq);
       const auto& blocks = q.table.blocks();
-      ids[r] = q.tokens[static_cast<size_t>(ch.start)];
+      const auto prev = ahead ? prev_row[static_cast<size_t>(ch.seq)] : -1;
+      HYBRIDRL_CHECK(!ahead || prev >= 0, "Rollout<Paged>: a row of a step launched ahead is not in the step before it",
+                     "this is a bug: please report it; rollout.async_scheduling=false avoids it");
+      ids[r] = ahead ? 0 : q.tokens[static_cast<size_t>(ch.start)];
+      index[r] = ahead ? prev : M + r;
       pos[r] = ch.start;
       slots[r] = static_cast<int64_t>(blocks[static_cast<size_t>(ch.start / bs)]) * bs + ch.start % bs;
       ctx[r] = static_cast<int32_t>(ch.start + 1);
       std::copy(blocks.begin(), blocks.end(), tables + r * W);
+      used = std::max<int64_t>(used, static_cast<int64_t>(blocks.size()));
       const auto& rq = req[static_cast<size_t>(ch.seq)];
       seeds[r] = static_cast<int64_t>(rq.seed);
       samples[r] = rq.sample;
-      positions[r] = static_cast<int64_t>(seqs[static_cast<size_t>(ch.seq)].tokens.size());
+      positions[r] = static_cast<int64_t>(seqs[static_cast<size_t>(ch.seq)].tokens.size()) + before;
     }
-    auto longs = g->host.narrow(0, 0, 6 * rows);
-    auto ints = g->host.narrow(0, 6 * rows, g->host.size(0) - 6 * rows).view(at::kInt);  // pinned, like the rest
-    g->ids.copy_(longs.narrow(0, 0, rows), true);
-    g->pos.copy_(longs.narrow(0, rows, rows), true);
-    g->slots.copy_(longs.narrow(0, 2 * rows, rows), true);
-    g->seeds.copy_(longs.narrow(0, 3 * rows, rows), true);
-    g->samples.copy_(longs.narrow(0, 4 * rows, rows), true);
-    g->positions.copy_(longs.narrow(0, 5 * rows, rows), true);
-    g->ctx.copy_(ints.narrow(0, 0, rows), true);
-    g->tables.copy_(ints.narrow(0, rows, rows * W).view({rows, W}), true);
+    // two copies in: the int64 regions with the context lengths, then the tables' used columns
+    // (columns past a row's blocks are never read); the replay; the drawn tokens and log-probs out
+    const auto stream = at::cuda::getCurrentCUDAStream(device_.index());
+    auto* dev = io.dev.data_ptr<int64_t>();
+    const auto in_bytes = static_cast<size_t>(io.ctx_off() - M) * sizeof(int64_t) + static_cast<size_t>(M) * sizeof(int32_t);
+    C10_CUDA_CHECK(cudaMemcpyAsync(dev + M, h + M, in_bytes, cudaMemcpyHostToDevice, stream));
+    C10_CUDA_CHECK(cudaMemcpy2DAsync(reinterpret_cast<int32_t*>(dev + io.ctx_off()) + M, W * sizeof(int32_t), tables,
+                                     W * sizeof(int32_t), used * sizeof(int32_t), rows, cudaMemcpyHostToDevice, stream));
     g->graph.replay();
-    sched.computed(step);
-    auto tok = g->tokens.narrow(0, 0, S).to(at::kCPU);  // waits for the replay
-    auto lp = g->log_probs.narrow(0, 0, S).to(at::kCPU);
-    for (int64_t r = 0; r < S; ++r) {
-      const auto id = step.chunks[static_cast<size_t>(r)].seq;
-      auto& seq = seqs[static_cast<size_t>(id)];
-      const auto t = tok.data_ptr<int64_t>()[r];
-      rule.append(seq, static_cast<int64_t>(req[static_cast<size_t>(id)].prompt.size()), t, lp.data_ptr<float>()[r]);
-      if (seq.done) sched.finish(id);
-      else sched.append(id, t);
+    auto* out = io.host_out[par].data_ptr<int64_t>();
+    C10_CUDA_CHECK(cudaMemcpyAsync(out, dev, S * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaMemcpyAsync(out + M, io.log_probs.data_ptr<float>(), S * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream));
+    io.done[par].record(stream);
+    PendingDecode launched;
+    launched.parity = par;
+    launched.seqs.reserve(static_cast<size_t>(S));
+    for (const auto& ch : step.chunks) launched.seqs.push_back(ch.seq);
+    if (ahead) settle(*pending, sched, req, seqs, rule, true);  // while this step runs
+    sched.computed(step);  // after the placeholders are replaced: full blocks are hashed here
+    if (options_.async_scheduling()) {
+      pending = std::move(launched);
+    } else {
+      settle(launched, sched, req, seqs, rule, false);
+      pending.reset();
     }
     return true;
 #else
-    (void)step, (void)sched, (void)req, (void)seqs, (void)s, (void)rule;
+    (void)step, (void)sched, (void)req, (void)seqs, (void)s, (void)rule, (void)pending, (void)ahead;
     return false;
 #endif
   }
 
 #if HYBRIDRL_PAGED_CUDA_GRAPHS
+  // The shared buffers for graphs of up to max_num_seqs rows (kept across captures: the graphs
+  // read and write them by address).
+  void ensure_io(int64_t width) {
+    const auto M = padded_rows(options_.max_num_seqs());
+    if (io_ && io_->M == M && io_->W == width) return;
+    HYBRIDRL_CHECK(graphs_.empty(), "Rollout<Paged>: the decode buffers would change under captured graphs",
+                   "this is a bug: please report it");
+    auto io = std::make_unique<DecodeIO>();
+    io->M = M;
+    io->W = width;
+    const auto l = at::TensorOptions().dtype(at::kLong).device(device_);
+    io->dev = at::zeros({8 * M + io->int_words()}, l);
+    io->log_probs = at::zeros({M}, l.dtype(at::kFloat));
+    const auto pinned = at::TensorOptions().dtype(at::kLong).pinned_memory(true);
+    for (int k = 0; k < 2; ++k) {
+      io->host_in[k] = at::zeros({8 * M + io->int_words()}, pinned);
+      io->host_out[k] = at::zeros({M + (M + 1) / 2}, pinned);
+    }
+    io_ = std::move(io);
+  }
+
   std::unique_ptr<DecodeGraph> capture_decode(int64_t rows, int64_t width, const SamplingOptions& s) {
+    ensure_io(width);
     auto g = std::make_unique<DecodeGraph>();
     g->rows = rows;
     g->width = width;
-    const auto l = at::TensorOptions().dtype(at::kLong).device(device_);
-    const auto i = at::TensorOptions().dtype(at::kInt).device(device_);
-    g->ids = at::zeros({rows}, l);
-    g->pos = at::zeros({rows}, l);
-    g->slots = at::full({rows}, -1, l);
-    g->seeds = at::zeros({rows}, l);
-    g->samples = at::zeros({rows}, l);
-    g->positions = at::zeros({rows}, l);
-    g->ctx = at::ones({rows}, i);
-    g->tables = at::zeros({rows, width}, i);
-    // 6 int64 rows, then ctx and the tables as int32 (packed two per int64)
-    g->host = at::empty({6 * rows + (rows * (1 + width) + 1) / 2}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-    g->tokens = at::zeros({rows}, l);
-    g->log_probs = at::zeros({rows}, l.dtype(at::kFloat));
+    g->ids = at::zeros({rows}, at::TensorOptions().dtype(at::kLong).device(device_));
     if (graph_pool_.first == 0 && graph_pool_.second == 0) graph_pool_ = at::cuda::graph_pool_handle();
     cudaDeviceSynchronize();
+    // the warm-up below runs for real: inputs of padding rows (the host's ids, no KV write, one key)
+    auto& io = *io_;
+    io.longs(1, rows).zero_();
+    io.longs(2, rows).copy_(at::arange(io.M, io.M + rows, io.dev.options()));
+    io.longs(3, rows).zero_();
+    io.longs(4, rows).fill_(-1);
+    io.ctx(rows).fill_(1);
+    io.tables(rows).zero_();
     // one capture stream for the engine's life: cuBLAS keeps a workspace (32 MiB on Hopper) per
     // stream it ran on, allocated until the process ends, so a fresh pool stream per capture (every
     // step, where free_cache_engine drops the graphs) left 32 MiB more allocated after each step
     // until the pool's 32 streams were all used (1 GiB; seen on the H100 as +32 MiB a GRPO step)
     if (!capture_stream_) capture_stream_ = at::cuda::getStreamFromPool(false, device_.index());
     auto side = *capture_stream_;
+    cudaDeviceSynchronize();
     {
       c10::cuda::CUDAStreamGuard guard(side);
       decode_body(*g, s);  // warm-up on the capture stream (cuBLAS workspaces, the allocator)
@@ -539,11 +750,15 @@ class PagedEngine {
 
   void decode_body(DecodeGraph& g, const SamplingOptions& s) {
     const auto& c = model_->config();
+    auto& io = *io_;
+    const auto rows = g.rows;
+    // the input ids: the host's, or the tokens the previous replay drew (regions 1 and 0)
+    at::index_select_out(g.ids, io.dev.narrow(0, 0, 2 * io.M), 0, io.longs(2, rows));
     PagedAttentionMetadata meta;
-    meta.block_tables = g.tables;
-    meta.context_lens = g.ctx;
-    meta.slot_mapping = g.slots;
-    meta.num_tokens = g.rows;
+    meta.block_tables = io.tables(rows);
+    meta.context_lens = io.ctx(rows);
+    meta.slot_mapping = io.longs(4, rows);
+    meta.num_tokens = rows;
     meta.max_query_len = 1;
     meta.max_context_len = g.width * options_.block_size();
     meta.block_size = options_.block_size();
@@ -560,15 +775,15 @@ class PagedEngine {
       write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, m.slot_mapping);
       return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale).transpose(0, 1).unsqueeze(0);
     };
-    auto hidden = model_->model->forward_with_attention(g.ids.view({1, g.rows}), g.pos.view({1, g.rows}), fn);
+    auto hidden = model_->model->forward_with_attention(g.ids.view({1, rows}), io.longs(3, rows).view({1, rows}), fn);
     auto logits = model_->logits(hidden[0]);
     SamplingRows sr;
-    sr.seeds = g.seeds;
-    sr.samples = g.samples;
-    sr.positions = g.positions;
+    sr.seeds = io.longs(5, rows);
+    sr.samples = io.longs(6, rows);
+    sr.positions = io.longs(7, rows);
     auto drawn = sample_tokens(logits, s, sr);
-    g.tokens.copy_(drawn.tokens);
-    g.log_probs.copy_(drawn.log_probs);
+    io.longs(0, rows).copy_(drawn.tokens);
+    io.log_probs.narrow(0, 0, rows).copy_(drawn.log_probs);
   }
 #endif
 
@@ -618,6 +833,8 @@ class PagedEngine {
   at::Device device_ = at::kCPU;
   at::ScalarType dtype_ = at::kFloat;
   int64_t block_bytes_ = 0, num_blocks_ = 0, held_peak_ = 0;
+  int64_t budget_blocks_ = 0;    // the pool's size from the options (memory_fraction or kv_cache_tokens)
+  bool sized_per_call_ = false;  // after a resume: the pool fits each call's requests (fit_pool)
   BlockPool pool_{1, 1};
   at::Tensor kv_;
   RolloutStats stats_;

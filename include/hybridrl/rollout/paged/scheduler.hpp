@@ -163,10 +163,13 @@ class PagedScheduler {
     return step;
   }
 
-  /// Records that `step`'s chunks are in the cache, and enters newly full blocks in the prefix cache.
+  /// Records that `step`'s chunks are in the cache, and enters newly full blocks in the prefix
+  /// cache. A sequence finished since the step was scheduled (a stop token read while the step
+  /// ran, under asynchronous scheduling) is skipped: its blocks are gone.
   void computed(const ScheduledStep& step) {
     for (const auto& c : step.chunks) {
       auto& s = seq(c.seq);
+      if (s.state == PagedSequence::State::finished) continue;
       s.num_computed = c.start + c.count;
       if (limits_.prefix_sharing) register_full_blocks(s);
     }
@@ -194,6 +197,17 @@ class PagedScheduler {
 
   /// Appends the token `seq` drew (computed in a later step).
   void append(int64_t id, int64_t token) { seq(id).tokens.push_back(token); }
+  /// Replaces the last token of `id`: a placeholder appended before the drawn token was read
+  /// (asynchronous scheduling), written before the step that computes it is marked computed.
+  void set_last_token(int64_t id, int64_t token) {
+    auto& s = seq(id);
+    HYBRIDRL_CHECK(!s.tokens.empty() && s.num_computed < static_cast<int64_t>(s.tokens.size()),
+                   fmt::format("PagedScheduler: sequence {} has no uncomputed last token to replace", id),
+                   "this is a bug: please report it");
+    s.tokens.back() = token;
+  }
+  /// The state of sequence `id`.
+  [[nodiscard]] bool finished(int64_t id) const { return sequence(id).state == PagedSequence::State::finished; }
 
   /// Ends sequence `id`: its blocks go back to the pool.
   void finish(int64_t id) {
