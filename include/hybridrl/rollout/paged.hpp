@@ -187,16 +187,17 @@ class PagedEngine {
     // the next step is launched first when it can be, so the host's work overlaps the GPU's
     std::optional<PendingDecode> pending;
     while (!sched.done() || pending) {
+      const auto t0 = clock::now();
       bool ahead = false;
       if (pending) {
         ahead = prepare_ahead(*pending, sched, requests, seqs, rule);
-        if (!ahead) {
+        if (!ahead) {  // waiting for the tokens of a decode step is decode time
           settle(*pending, sched, requests, seqs, rule, false);
           pending.reset();
+          stats_.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
           continue;
         }
       }
-      const auto t0 = clock::now();
       auto step = sched.schedule();
       HYBRIDRL_CHECK(!step.empty(), "Rollout<Paged>: the scheduler made no progress with sequences left",
                      "this is a bug: please report it with the options and prompt lengths");
