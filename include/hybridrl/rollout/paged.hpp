@@ -322,7 +322,7 @@ class PagedEngine {
   /// the device first, so the training phase's cached memory does not stand in the way). A pool
   /// sized from memory_fraction (kv_cache_tokens 0) is allocated by the next generate() call, at
   /// the blocks its requests can hold at once and no more than the fraction's: a GRPO batch of
-  /// 512 x 384 tokens of the 160m config needs 7.4 GB, not the 38.7 GB the fraction allows on an
+  /// 512 x 384 tokens of the 160m config needs 7.0 GiB, not the 38.7 GiB the fraction allows on an
   /// H100 — and allocating, zeroing and freeing the rest every step cost ~50 ms of it. An
   /// explicit kv_cache_tokens is allocated here, that size.
   void resume_memory() {
