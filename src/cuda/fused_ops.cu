@@ -538,10 +538,10 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int64_t N = 16 / sizeof(T);
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool vec = (head_dim / 2) % N == 0 && q_stride % N == 0 && k_stride % N == 0 &&
-                     (v_in == nullptr || v_stride % N == 0) && aligned(q_in) && aligned(k_in) && aligned(q_out) &&
-                     aligned(k_out) && aligned(cos) && aligned(sin) && (v_in == nullptr || (aligned(v_in) && aligned(v_out)));
+                     (v_in == nullptr || v_stride % N == 0) && aligned16(q_in) && aligned16(k_in) && aligned16(q_out) &&
+                     aligned16(k_out) && aligned16(cos) && aligned16(sin) &&
+                     (v_in == nullptr || (aligned16(v_in) && aligned16(v_out)));
     if (vec) {
       const int64_t items = tokens * ((heads + kv_heads) * head_dim / 2 / N + (v_in != nullptr ? kv_heads * head_dim / N : 0));
       const int64_t blocks = std::min<int64_t>((items + 255) / 256, int64_t{1} << 20);

@@ -721,7 +721,6 @@ class PagedEngine {
     g->width = width;
     g->ids = at::zeros({rows}, at::TensorOptions().dtype(at::kLong).device(device_));
     if (graph_pool_.first == 0 && graph_pool_.second == 0) graph_pool_ = at::cuda::graph_pool_handle();
-    cudaDeviceSynchronize();
     // the warm-up below runs for real: inputs of padding rows (the host's ids, no KV write, one key)
     auto& io = *io_;
     io.longs(1, rows).zero_();
@@ -736,7 +735,7 @@ class PagedEngine {
     // until the pool's 32 streams were all used (1 GiB; seen on the H100 as +32 MiB a GRPO step)
     if (!capture_stream_) capture_stream_ = at::cuda::getStreamFromPool(false, device_.index());
     auto side = *capture_stream_;
-    cudaDeviceSynchronize();
+    cudaDeviceSynchronize();  // the work before and the inputs above, done before the side stream's
     {
       c10::cuda::CUDAStreamGuard guard(side);
       decode_body(*g, s);  // warm-up on the capture stream (cuBLAS workspaces, the allocator)
