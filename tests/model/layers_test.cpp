@@ -205,6 +205,53 @@ TEST_SUITE("model/forward_modes") {
     }
   }
 
+  TEST_CASE("inference carries the residual stream across layers: the layer-by-layer values, bit for bit") {
+    // the carried path (no grad, the plain runner: each layer's residual add done by the next
+    // norm, one kernel with it on CUDA) against the same forward layer by layer (a runner
+    // installed), through forward() and through forward_with_attention (the decode engines' entry)
+    std::vector<std::pair<at::Device, at::ScalarType>> where{{at::kCPU, at::kFloat}};
+    if (at::hasCUDA()) where.emplace_back(at::Device(at::kCUDA, 0), at::kBFloat16);
+    for (auto [dev, dtype] : where) {
+      for (auto window : {std::optional<int64_t>{}, std::optional<int64_t>{3}}) {
+        CAPTURE(dev);
+        auto c = tiny_config(false, true, window);
+        c.num_hidden_layers = 3;
+        auto m = tiny_model(c, 5);
+        m->to(dev, dtype);
+        m->model->fuse_projections();
+        torch::NoGradGuard g;
+        torch::manual_seed(9);
+        const int64_t T = 7;
+        auto ids = torch::randint(0, c.vocab_size, {2, T}).to(dev);
+        auto pos = torch::arange(T, at::TensorOptions().dtype(at::kLong).device(dev)).view({1, T}).expand({2, T});
+        int calls = 0;
+        auto attn = [&](int64_t, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+          ++calls;  // causal attention over the call's own keys ([B, heads, T, D])
+          const auto G = q.size(1) / k.size(1);
+          auto kf = k.repeat_interleave(G, 1).to(at::kFloat), vf = v.repeat_interleave(G, 1).to(at::kFloat);
+          auto s = at::matmul(q.to(at::kFloat), kf.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(-1)));
+          auto causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(q.device())).triu(1);
+          return at::matmul(s.masked_fill(causal, -INFINITY).softmax(-1), vf).to(q.scalar_type());
+        };
+        auto carried = m->forward(ids);
+        auto carried_fn = m->model->forward_with_attention(ids, pos, attn);
+        CHECK(calls == 3);
+        m->model->set_layer_runner(default_layer_runner());  // installed: layer by layer
+        auto plain = m->forward(ids);
+        auto plain_fn = m->model->forward_with_attention(ids, pos, attn);
+        m->model->set_layer_runner(nullptr);
+        CHECK(at::equal(carried, plain));
+        CHECK(at::equal(carried_fn, plain_fn));
+        if (dev.is_cpu()) {
+          if (!window) CHECK(max_diff(carried, m->logits(carried_fn)) < 1e-4);  // the test's attention is the model's (no window)
+          // with grad the layers run one by one (training keeps forward()): the same eager ops here
+          torch::AutoGradMode on(true);
+          CHECK(at::equal(m->model->forward_with_attention(ids, pos, attn), plain_fn));
+        }
+      }
+    }
+  }
+
   TEST_CASE("chunked log-probs and entropy equal the full log-softmax, values and gradients") {
     auto c = tiny_config();
     auto m = tiny_model(c, 3, at::kDouble);

@@ -177,7 +177,10 @@ class DecoderImpl : public torch::nn::Module {
 
   /// Installs the per-layer runner (default_layer_runner() when empty): a sharding engine composes
   /// activation checkpointing, autocast and its parameter gather/free here.
-  void set_layer_runner(LayerRunner runner) { runner_ = runner ? std::move(runner) : default_layer_runner(); }
+  void set_layer_runner(LayerRunner runner) {
+    custom_runner_ = static_cast<bool>(runner);
+    runner_ = runner ? std::move(runner) : default_layer_runner();
+  }
   /// The per-layer runner in use.
   [[nodiscard]] const LayerRunner& layer_runner() const noexcept { return runner_; }
   /// The architecture this trunk was built for.
@@ -274,6 +277,16 @@ class DecoderImpl : public torch::nn::Module {
     auto [cos, sin] = rope_cos_sin(inv_freq_here_, pos, h.scalar_type());
     LayerContext ctx{cos, sin, masks.all, true, attn_fn};
     const bool mixed = masks.sliding.defined();
+    if (!custom_runner_ && !c10::GradMode::is_enabled()) {
+      // inference with the plain runner: the residual stream carried across layers, its add done
+      // by the next norm (DecoderLayerImpl::forward_carry; the same values, a kernel fewer a layer)
+      at::Tensor residual;
+      for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
+        if (mixed) ctx.mask = config_.layer_window(i) ? masks.sliding : masks.all;
+        std::tie(h, residual) = layer(i)->forward_carry(h, residual, ctx, i);
+      }
+      return residual.defined() ? norm->forward_add(h, residual).second : norm(h);
+    }
     for (int64_t i = 0; i < static_cast<int64_t>(layers->size()); ++i) {
       if (mixed) ctx.mask = config_.layer_window(i) ? masks.sliding : masks.all;
       h = runner_(i, *layer(i), h, ctx);
@@ -286,6 +299,7 @@ class DecoderImpl : public torch::nn::Module {
   at::Tensor inv_freq_;  // fp32, deliberately not a buffer: .to(bf16) must not round it
   at::Tensor inv_freq_here_;  // inv_freq_ on the device of the last forward
   LayerRunner runner_ = default_layer_runner();
+  bool custom_runner_ = false;  // set_layer_runner installed one: inference goes through it, layer by layer
 };
 /// Module holder of DecoderImpl.
 TORCH_MODULE(Decoder);

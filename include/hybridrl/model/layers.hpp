@@ -341,6 +341,19 @@ class DecoderLayerImpl : public torch::nn::Module {
     auto [h, normed] = post_attention_layernorm->forward_add(x, self_attn->forward(input_layernorm(x), ctx, layer));
     return h + mlp(normed);
   }
+  /// The same layer with the residual stream carried to the next one (vLLM's decoder layout), for
+  /// inference: `x` is the previous layer's MLP output and `residual` the stream it adds to (the
+  /// first layer: the embeddings and an undefined residual). Returns {this layer's MLP output, the
+  /// stream it adds to}. The stream's add is done by the next norm (one kernel with it on CUDA),
+  /// so a layer launches one kernel fewer; the values are forward()'s, bit for bit (the same
+  /// additions, rounded the same way).
+  std::pair<at::Tensor, at::Tensor> forward_carry(const at::Tensor& x, const at::Tensor& residual,
+                                                  const LayerContext& ctx, int64_t layer = 0) {
+    auto [h, normed] = residual.defined() ? input_layernorm->forward_add(x, residual)
+                                          : std::pair<at::Tensor, at::Tensor>{x, input_layernorm(x)};
+    auto [h2, normed2] = post_attention_layernorm->forward_add(h, self_attn->forward(normed, ctx, layer));
+    return {mlp(normed2), h2};
+  }
 
   /// For inference: one GEMM for q|k|v and one for gate|up (AttentionImpl / MLPImpl::fuse_projections).
   void fuse_projections() {
