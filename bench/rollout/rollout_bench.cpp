@@ -2,14 +2,11 @@
 // object per measurement.
 //   bench_rollout cpu                       Naive vs Paged generated tokens/s, a small random Llama
 //   bench_rollout kernel                    paged decode kernel vs dense SDPA decode, bf16 (CUDA)
-//   bench_rollout layouts                   the decode kernel's layouts x pipeline depths x splits
-//                                           on the rollouts' shapes (CUDA)
-// BENCH_DECODE_LAYOUT (bench/support/decode_layout_env.hpp) sets the decode kernel's layout;
-// BENCH_GENERATE_ENGINES=paged,paged_sync,paged_unfused picks generate's engines (default all).
 //   bench_rollout generate 160m|1b B...     Paged tokens/s, prompt 128, gen 256, bf16 (CUDA), random
 //                                           weights, with the fused kernels on and off, against the
 //                                           HBM roofline; greedy agreement of the two (CPU: Paged
-//                                           and Naive)
+//                                           and Naive); BENCH_GENERATE_ENGINES=paged,paged_sync,
+//                                           paged_unfused runs only those (default all three)
 //   bench_rollout breakdown 160m|1b B CTX   where a decode step's time goes: each op of one layer,
 //                                           the LM head and the sampler replayed in CUDA graphs
 //                                           (B rows, every context CTX tokens), fused and eager
@@ -23,7 +20,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -33,7 +29,6 @@
 #include "hybridrl/detail/compat.hpp"
 #include "hybridrl/rollout/naive.hpp"
 #include "hybridrl/rollout/paged.hpp"
-#include "../support/decode_layout_env.hpp"
 #include "../support/llama_configs.hpp"
 
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
@@ -62,7 +57,6 @@ double seconds_of(const std::function<void()>& f, const at::Device& d, int reps 
 }
 
 using bench::llama;  // bench/support/llama_configs.hpp
-using bench::apply_decode_layout_env;  // bench/support/decode_layout_env.hpp
 
 TensorBatch random_prompts(int64_t B, int64_t P, int64_t vocab) {
   at::manual_seed(1);
@@ -401,106 +395,13 @@ int bench_kernel() {
 #endif
 }
 
-// The decode kernel's layouts (cuda::DecodeLayout) and pipeline depths on the shapes a rollout
-// runs: the 160m (12 / 12 / 64) and 1b (32 / 4 / 64) heads at contexts of 256 and 1024, 64 to 512
-// sequences, and GRPO's (8 samples of a prompt sharing its first 128 tokens' blocks). Bytes = the
-// K and V each sequence reads (shared blocks counted once per reader, as the launch reads them).
-int bench_layouts() {
-#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
-  const at::Device dev(at::kCUDA, 0);
-  const int64_t bs = 16;
-  struct Case {
-    int64_t H, Hkv, D, B, L, shared;  // shared: tokens of the first blocks shared by groups of 8
-  };
-  const std::vector<Case> cases{{12, 12, 64, 64, 256, 0},   {12, 12, 64, 256, 256, 0},  {12, 12, 64, 512, 256, 0},
-                                {12, 12, 64, 512, 256, 128}, {12, 12, 64, 512, 384, 128}, {12, 12, 64, 256, 1024, 0},
-                                {32, 4, 64, 64, 256, 0},    {32, 4, 64, 256, 256, 0},   {32, 4, 64, 512, 256, 128},
-                                {32, 4, 64, 256, 1024, 0},  {32, 8, 128, 256, 1024, 0}};
-  using cuda::DecodeLayout;
-  const std::vector<std::pair<DecodeLayout, const char*>> layouts{{DecodeLayout::tokens, "tokens"},
-                                                                  {DecodeLayout::tokens_heads_fast, "tokens_hf"},
-                                                                  {DecodeLayout::warp_per_head, "warp4"},
-                                                                  {DecodeLayout::warp_per_head_2, "warp2"}};
-  for (const auto& c : cases) {
-    const int64_t per_seq = c.L / bs, shared_blocks = c.shared / bs;
-    const int64_t groups = c.B / 8;
-    const int64_t blocks = c.shared > 0 ? groups * shared_blocks + c.B * (per_seq - shared_blocks) : c.B * per_seq;
-    auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
-    auto kc = at::randn({blocks, bs, c.Hkv, c.D}, opt), vc = at::randn({blocks, bs, c.Hkv, c.D}, opt);
-    auto q = at::randn({c.B, c.H, c.D}, opt);
-    auto perm = at::randperm(blocks, at::kLong);
-    const auto* pv = perm.data_ptr<int64_t>();
-    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(c.B));
-    int64_t next = groups * shared_blocks;
-    for (int64_t b = 0; b < c.B; ++b) {
-      for (int64_t j = 0; j < per_seq; ++j) {
-        const int64_t id = j < shared_blocks ? (b / 8) * shared_blocks + j : next++;
-        tables[static_cast<size_t>(b)].push_back(static_cast<int32_t>(pv[id]));
-      }
-    }
-    const auto meta = PagedAttentionMetadata::make(tables, std::vector<int64_t>(static_cast<size_t>(c.B), 1),
-                                                   std::vector<int64_t>(static_cast<size_t>(c.B), c.L), bs, {}, dev);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-    const double bytes = 2.0 * static_cast<double>(c.B * c.L * c.Hkv * c.D) * 2.0;
-    const int64_t auto_splits = cuda::paged_decode_splits(c.B, c.Hkv, per_seq, bs);
-    auto ref = paged_attention(q, kc, vc, meta, scale);
-    std::string us;
-    double best = 1e30;
-    std::string best_name;
-    std::vector<int64_t> split_counts{1};
-    for (int64_t sp : {auto_splits, int64_t{2}}) {
-      if (std::find(split_counts.begin(), split_counts.end(), sp) == split_counts.end()) split_counts.push_back(sp);
-    }
-    for (int64_t sp : split_counts) {
-      for (const auto& [layout, name] : layouts) {
-        for (int stages : {2, 3, 4}) {
-          if (stages == 4 && (layout == DecodeLayout::tokens || layout == DecodeLayout::tokens_heads_fast)) continue;
-          auto out = at::empty_like(q);
-          auto ws = at::empty({c.B * c.H * sp * (c.D + 2)}, q.options().dtype(at::kFloat));
-          auto launch = [&] {
-            const int rc = cuda::launch_paged_decode_attention(
-                q.data_ptr(), kc.data_ptr(), vc.data_ptr(), meta.block_tables.data_ptr<int32_t>(),
-                meta.context_lens.data_ptr<int32_t>(), out.data_ptr(), c.B, c.H, c.Hkv, c.D, bs, per_seq, sp, 0,
-                static_cast<float>(scale), cuda::KernelDtype::bf16, ws.data_ptr<float>(),
-                at::cuda::getCurrentCUDAStream().stream(), stages, layout);
-            if (rc != 0) throw std::runtime_error(fmt::format("launch failed: {}", rc));
-          };
-          for (int i = 0; i < 5; ++i) launch();
-          const double t = seconds_of(launch, dev, 50);
-          const double err = (out.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>();
-          const auto key = fmt::format("{}/{}/{}", name, sp, stages);
-          us += fmt::format("{}\"{}\": {:.1f}", us.empty() ? "" : ", ", key, t * 1e6);
-          if (err > 2e-2) us += fmt::format(", \"{}_max_err\": {:.3g}", key, err);
-          if (t < best) best = t, best_name = key;
-        }
-      }
-    }
-    const double t_auto = seconds_of([&] { paged_attention(q, kc, vc, meta, scale); }, dev, 50);
-    std::printf("{\"bench\": \"decode_layouts\", \"heads\": %lld, \"kv_heads\": %lld, \"head_dim\": %lld, \"batch\": %lld, "
-                "\"context\": %lld, \"shared\": %lld, \"auto_splits\": %lld, \"paged_attention_us\": %.1f, "
-                "\"best\": \"%s\", \"best_us\": %.1f, \"best_TB_per_s\": %.2f, \"us\": {%s}}\n",
-                static_cast<long long>(c.H), static_cast<long long>(c.Hkv), static_cast<long long>(c.D),
-                static_cast<long long>(c.B), static_cast<long long>(c.L), static_cast<long long>(c.shared),
-                static_cast<long long>(auto_splits), t_auto * 1e6, best_name.c_str(), best * 1e6, bytes / best / 1e12,
-                us.c_str());
-    std::fflush(stdout);
-  }
-  return 0;
-#else
-  std::fprintf(stderr, "bench_rollout layouts: built without hybridrl::cuda\n");
-  return 1;
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "cpu";
   try {
-    apply_decode_layout_env();
     if (mode == "cpu") return bench_generate("small", {16, 64}, at::kCPU, at::kFloat, 32, 64);
     if (mode == "kernel") return bench_kernel();
-    if (mode == "layouts") return bench_layouts();
     if (mode == "breakdown" && argc > 4) return bench_breakdown(argv[2], std::stoll(argv[3]), std::stoll(argv[4]));
     if (mode == "generate" && argc > 2) {
       std::vector<int64_t> batches;
@@ -512,6 +413,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_rollout: %s\n", e.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: bench_rollout cpu | kernel | layouts | generate 160m|1b [B...] | breakdown 160m|1b B CTX\n");
+  std::fprintf(stderr, "usage: bench_rollout cpu | kernel | generate 160m|1b [B...] | breakdown 160m|1b B CTX\n");
   return 2;
 }

@@ -23,7 +23,6 @@
 #include <hybridrl/hybridrl.hpp>
 #include <hybridrl/trainer/run.hpp>
 
-#include "../support/decode_layout_env.hpp"
 #include "../support/kernel_profile.hpp"
 #include "../support/llama_configs.hpp"
 
@@ -58,7 +57,6 @@ using namespace hybridrl;
 namespace {
 
 using bench::llama;  // bench/support/llama_configs.hpp
-using bench::apply_decode_layout_env;  // bench/support/decode_layout_env.hpp
 
 at::Device device() { return at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU); }
 
@@ -275,7 +273,6 @@ int main(int argc, char** argv) {
   sigaction(SIGABRT, &sa, nullptr);
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    apply_decode_layout_env();
     if (mode == "update" && argc > 2) return bench_update(argv[2], argc > 3 ? std::stoll(argv[3]) : 16);
     if (mode == "grpo" && argc > 2) {
       return bench_grpo(argv[2], argc > 3 ? std::stoll(argv[3]) : 3, {}, argc > 4 ? std::stoll(argv[4]) : 0);

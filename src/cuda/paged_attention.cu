@@ -17,7 +17,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
@@ -264,42 +263,54 @@ __host__ __device__ constexpr int mma_smem_bytes() {
   return stages > merge ? stages : merge;
 }
 
-// Q of query heads kvh·G … kvh·G + G − 1 as A fragments: row grp is head kvh·G + grp (zero past G);
-// rows 8..15 are zero (the caller passes them as 0u)
-template <class T, int D, int G>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[D / 16][2], const T* q, int seq, int heads, int kvh,
-                                                 int grp, int quad) {
-  const bool live = grp < G;
-  const T* qp = q + (static_cast<int64_t>(seq) * heads + kvh * G + (live ? grp : 0)) * D;
-#pragma unroll
-  for (int k = 0; k < D / 16; ++k) {
-    const uint32_t lo = *reinterpret_cast<const uint32_t*>(qp + k * 16 + quad * 2);
-    const uint32_t hi = *reinterpret_cast<const uint32_t*>(qp + k * 16 + 8 + quad * 2);
-    qa[k][0] = live ? lo : 0u;
-    qa[k][1] = live ? hi : 0u;
-  }
-}
-
-// One warp's share of a sequence's tokens for KV head kvh: the tiles of 16 tokens starting at
-// `tile`, `stride` apart, below `end`, streamed through the warp's STAGES buffers `my` (K and V,
-// padded rows) with cp.async, STAGES − 1 tiles in flight while one is computed. Leaves the
-// unnormalised output o (row grp of each n-tile pair), the running max m of row grp and this
-// lane's part l of its sum (the caller sums l over the quad).
-template <class T, int D, int STAGES>
-__device__ __forceinline__ void warp_attend(const uint32_t (&qa)[D / 16][2], float (&o)[D / 8][4], float& m, float& l,
-                                            T* my, const T* __restrict__ key_cache, const T* __restrict__ value_cache,
-                                            const int32_t* __restrict__ table, int64_t row, int kvh, int block_size,
-                                            int tile, int end, int stride, float scale, int lane) {
+template <class T, int D, int G, int STAGES>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_mma_kernel(const T* __restrict__ q, const T* __restrict__ key_cache, const T* __restrict__ value_cache,
+                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
+                            T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads,
+                            int block_size, int max_blocks, int splits, int window, float scale) {
+  static_assert(G >= 1 && G <= 8 && D % 16 == 0, "tensor-core decode: G <= 8 query heads per KV head, D % 16 == 0");
+  static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 pipeline stages");
+  static_assert(Vec<T>::n == 8, "16-bit elements");
   constexpr int R = mma_row<D>();
   constexpr int KS = D / 16;          // k-steps of Q Kᵀ
   constexpr int NT = D / 8;           // n-tiles of P V
   constexpr int CH = D / 8;           // 16-byte chunks per row
   constexpr int LOADS = kTile * CH / 32;  // chunks per lane per tile, for K and for V
-  const int grp = lane >> 2, quad = lane & 3;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int seq = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int grp = lane >> 2, quad = lane & 3;  // mma fragment coordinates
+  const int ctx = context_lens[seq];
+  int first = 0;
+  if (window > 0 && ctx > window) first = ctx - window;
+  const int blocks_per_split = (max_blocks + splits - 1) / splits;
+  int begin = split * blocks_per_split * block_size, end = (split + 1) * blocks_per_split * block_size;
+  if (begin < first) begin = first;
+  if (end > ctx) end = ctx;
+  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
+  const int64_t row = static_cast<int64_t>(kv_heads) * D;
+
+  // Q as A fragments: row grp is query head kvh * G + grp (zero past G); rows 8..15 are zero
+  uint32_t qa[KS][2];
+  {
+    const bool live = grp < G;
+    const T* qp = q + (static_cast<int64_t>(seq) * heads + kvh * G + (live ? grp : 0)) * D;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) {
+      const uint32_t lo = *reinterpret_cast<const uint32_t*>(qp + k * 16 + quad * 2);
+      const uint32_t hi = *reinterpret_cast<const uint32_t*>(qp + k * 16 + 8 + quad * 2);
+      qa[k][0] = live ? lo : 0u;
+      qa[k][1] = live ? hi : 0u;
+    }
+  }
+  float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  m = -FLT_MAX;
-  l = 0.f;
+  float m = -FLT_MAX, l = 0.f;  // of head row grp; l is this lane's part of the row sum
+
+  T* my = smem + warp * STAGES * 2 * kTile * R;  // this warp's stages of K and V tiles
   auto issue = [&](int tile_start, int stage) {
     T* ks = my + stage * 2 * kTile * R;
     T* vs = ks + kTile * R;
@@ -314,7 +325,8 @@ __device__ __forceinline__ void warp_attend(const uint32_t (&qa)[D / 16][2], flo
       cp_async16(vs + t * R + ch * 8, value_cache + off);
     }
   };
-  int stage = 0;
+  const int stride = kWarps * kTile;
+  int tile = begin + warp * kTile, stage = 0;
   // prologue: the first STAGES - 1 tiles in flight, one commit group each (empty past the end)
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
@@ -385,53 +397,6 @@ __device__ __forceinline__ void warp_attend(const uint32_t (&qa)[D / 16][2], flo
     }
     __syncwarp();  // the stage is refilled next iteration
   }
-  cp_async_wait<0>();  // no copy outlives the warp's use of its buffers
-}
-
-// [begin, end) of this CTA's slice of the sequence: whole blocks of the table split evenly, within
-// the sliding window
-__device__ __forceinline__ void slice_of(int ctx, int window, int max_blocks, int splits, int split, int block_size,
-                                         int& begin, int& end) {
-  int first = 0;
-  if (window > 0 && ctx > window) first = ctx - window;
-  const int blocks_per_split = (max_blocks + splits - 1) / splits;
-  begin = split * blocks_per_split * block_size;
-  end = (split + 1) * blocks_per_split * block_size;
-  if (begin < first) begin = first;
-  if (end > ctx) end = ctx;
-}
-
-// Layout "tokens": a CTA of 4 warps per (sequence, KV head, split), the warps taking every fourth
-// tile and merging through shared memory. `heads_fast`: the grid is (Hkv, S, splits) instead of
-// (S, Hkv, splits), so the CTAs of one sequence's KV heads run side by side.
-template <class T, int D, int G, int STAGES>
-__global__ void __launch_bounds__(kThreads)
-    paged_decode_mma_kernel(const T* __restrict__ q, const T* __restrict__ key_cache, const T* __restrict__ value_cache,
-                            const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
-                            T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads,
-                            int block_size, int max_blocks, int splits, int window, float scale, int heads_fast) {
-  static_assert(G >= 1 && G <= 8 && D % 16 == 0, "tensor-core decode: G <= 8 query heads per KV head, D % 16 == 0");
-  static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 pipeline stages");
-  static_assert(Vec<T>::n == 8, "16-bit elements");
-  constexpr int R = mma_row<D>();
-  constexpr int NT = D / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* smem = reinterpret_cast<T*>(smem_raw);
-  const int seq = heads_fast ? blockIdx.y : blockIdx.x, kvh = heads_fast ? blockIdx.x : blockIdx.y;
-  const int split = blockIdx.z;
-  const int num_seqs = heads_fast ? gridDim.y : gridDim.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int grp = lane >> 2, quad = lane & 3;  // mma fragment coordinates
-  int begin = 0, end = 0;
-  slice_of(context_lens[seq], window, max_blocks, splits, split, block_size, begin, end);
-  const int32_t* table = block_tables + static_cast<int64_t>(seq) * max_blocks;
-  const int64_t row = static_cast<int64_t>(kv_heads) * D;
-
-  uint32_t qa[D / 16][2];
-  load_q_fragments<T, D, G>(qa, q, seq, heads, kvh, grp, quad);
-  float o[NT][4], m, l;
-  warp_attend<T, D, STAGES>(qa, o, m, l, smem + warp * STAGES * 2 * kTile * R, key_cache, value_cache, table, row, kvh,
-                            block_size, begin + warp * kTile, end, kWarps * kTile, scale, lane);
   // the row sum over the quad
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -466,65 +431,12 @@ __global__ void __launch_bounds__(kThreads)
     if (splits == 1) {
       out[sh * D + d] = Vec<T>::from_float(sum > 0.f ? acc / sum : 0.f);
     } else {
-      const int64_t num = static_cast<int64_t>(num_seqs) * heads * splits;
+      const int64_t num = static_cast<int64_t>(gridDim.x) * heads * splits;
       workspace[(sh * splits + split) * D + d] = sum > 0.f ? acc / sum : 0.f;
       if (d == 0) {
         workspace[num * D + sh * splits + split] = mx;
         workspace[num * D + num + sh * splits + split] = sum;
       }
-    }
-  }
-}
-
-// Layout "warp per head": a CTA of W warps per (sequence, W adjacent KV heads, split), grid
-// (Hkv / W, S, splits); each warp streams every tile of its own KV head's slice — a pipeline as
-// long as the slice, no merge between warps — so a CTA reads W·D·2 contiguous bytes of each token
-// row, and the CTAs of one sequence run side by side.
-template <class T, int D, int G, int STAGES>
-__global__ void __launch_bounds__(kThreads)
-    paged_decode_mma_heads_kernel(const T* __restrict__ q, const T* __restrict__ key_cache,
-                                  const T* __restrict__ value_cache, const int32_t* __restrict__ block_tables,
-                                  const int32_t* __restrict__ context_lens, T* __restrict__ out,
-                                  float* __restrict__ workspace, int heads, int kv_heads, int block_size,
-                                  int max_blocks, int splits, int window, float scale) {
-  static_assert(G >= 1 && G <= 8 && D % 16 == 0, "tensor-core decode: G <= 8 query heads per KV head, D % 16 == 0");
-  constexpr int R = mma_row<D>();
-  constexpr int NT = D / 8;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* smem = reinterpret_cast<T*>(smem_raw);
-  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int kvh = blockIdx.x * warps + warp, seq = blockIdx.y, split = blockIdx.z;
-  const int grp = lane >> 2, quad = lane & 3;
-  int begin = 0, end = 0;
-  slice_of(context_lens[seq], window, max_blocks, splits, split, block_size, begin, end);
-  uint32_t qa[D / 16][2];
-  load_q_fragments<T, D, G>(qa, q, seq, heads, kvh, grp, quad);
-  float o[NT][4], m, l;
-  warp_attend<T, D, STAGES>(qa, o, m, l, smem + warp * STAGES * 2 * kTile * R, key_cache, value_cache,
-                            block_tables + static_cast<int64_t>(seq) * max_blocks, static_cast<int64_t>(kv_heads) * D,
-                            kvh, block_size, begin, end, kTile, scale, lane);
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (grp >= G) return;
-  const int64_t sh = static_cast<int64_t>(seq) * heads + kvh * G + grp;
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  if (splits == 1) {
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const uint32_t v = MmaOp<T>::pack(o[n][0] * inv, o[n][1] * inv);
-      *reinterpret_cast<uint32_t*>(out + sh * D + n * 8 + quad * 2) = v;
-    }
-  } else {
-    // workspace as the tokens layout writes it: normalised partials, then maxes and sums
-    const int64_t num = static_cast<int64_t>(gridDim.y) * heads * splits;
-    float* w = workspace + (sh * splits + split) * D;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      *reinterpret_cast<float2*>(w + n * 8 + quad * 2) = make_float2(o[n][0] * inv, o[n][1] * inv);
-    }
-    if (quad == 0) {
-      workspace[num * D + sh * splits + split] = m;
-      workspace[num * D + num + sh * splits + split] = l;
     }
   }
 }
@@ -551,89 +463,41 @@ __global__ void paged_decode_merge_kernel(const float* __restrict__ workspace, T
   }
 }
 
-std::atomic<int>& forced_layout() {
-  static std::atomic<int> layout{static_cast<int>(DecodeLayout::automatic)};
-  return layout;
-}
-
-int multiprocessors() {
+// Pipeline depth of the tensor-core kernel: 3 stages where the deeper buffers cost no wave (every
+// CTA of the grid still resident at once), else 2 — more bytes in flight per SM when the grid is
+// small (64 sequences x 4 KV heads is under two CTAs per SM), occupancy when it is large.
+int mma_stages(int per_sm3, int64_t ctas) {
   static const int sms = [] {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
     return n;
   }();
-  return sms;
-}
-
-// Pipeline depth of the tensor-core kernel: 3 stages where the deeper buffers cost no wave (every
-// CTA of the grid still resident at once), else 2 — more bytes in flight per SM when the grid is
-// small (64 sequences x 4 KV heads is under two CTAs per SM), occupancy when it is large.
-int mma_stages(int per_sm3, int64_t ctas) { return static_cast<int64_t>(per_sm3) * multiprocessors() >= ctas ? 3 : 2; }
-
-// KV heads per CTA of the warp-per-head layout: 4, else the largest of 2 and 1 that divides Hkv
-int heads_per_cta(int Hkv, int most) {
-  for (int w = most; w > 1; w /= 2) {
-    if (Hkv % w == 0) return w;
-  }
-  return 1;
-}
-
-template <class K>
-cudaError_t allow_smem(K kernel, int bytes) {
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return static_cast<int64_t>(per_sm3) * sms >= ctas ? 3 : 2;
 }
 
 template <class T, int D, int G>
 int launch_group(const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl, void* out,
                  int S, int H, int Hkv, int bs, int max_blocks, int splits, int window, float scale, float* ws,
-                 int stages, DecodeLayout layout, cudaStream_t stream) {
+                 int stages, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(Hkv), static_cast<unsigned>(splits));
   if constexpr (sizeof(T) == 2) {  // bf16 / fp16: tensor cores
-    if (layout == DecodeLayout::automatic) layout = static_cast<DecodeLayout>(forced_layout().load());
-    if (layout == DecodeLayout::automatic) layout = DecodeLayout::tokens;
-    if (layout == DecodeLayout::warp_per_head || layout == DecodeLayout::warp_per_head_2) {
-      const int W = heads_per_cta(Hkv, layout == DecodeLayout::warp_per_head ? 4 : 2);
-      constexpr int R = mma_row<D>();
-      if (stages == 0) stages = 3;
-      const int smem = W * stages * 2 * kTile * R * static_cast<int>(sizeof(T));
-      auto* k = stages == 2 ? paged_decode_mma_heads_kernel<T, D, G, 2>
-                            : (stages == 3 ? paged_decode_mma_heads_kernel<T, D, G, 3>
-                                           : paged_decode_mma_heads_kernel<T, D, G, 4>);
-      static const cudaError_t attr = [] {
-        constexpr int most = 4 * 4 * 2 * kTile * R * static_cast<int>(sizeof(T));
-        for (auto* kk : {paged_decode_mma_heads_kernel<T, D, G, 2>, paged_decode_mma_heads_kernel<T, D, G, 3>,
-                         paged_decode_mma_heads_kernel<T, D, G, 4>}) {
-          if (const auto a = allow_smem(kk, most); a != cudaSuccess) return a;
-        }
-        return cudaSuccess;
-      }();
-      if (attr != cudaSuccess) return static_cast<int>(attr);
-      const dim3 grid(static_cast<unsigned>(Hkv / W), static_cast<unsigned>(S), static_cast<unsigned>(splits));
-      k<<<grid, 32 * W, smem, stream>>>(static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc),
-                                        bt, cl, static_cast<T*>(out), ws, H, Hkv, bs, max_blocks, splits, window, scale);
-    } else {
-      if (stages == 4) return -1;
-      constexpr int smem2 = mma_smem_bytes<D, 2>(), smem3 = mma_smem_bytes<D, 3>();
-      auto* k2 = paged_decode_mma_kernel<T, D, G, 2>;
-      auto* k3 = paged_decode_mma_kernel<T, D, G, 3>;
-      static const cudaError_t attr = [&] {
-        const auto a = allow_smem(k2, smem2);
-        return a != cudaSuccess ? a : allow_smem(k3, smem3);
-      }();
-      if (attr != cudaSuccess) return static_cast<int>(attr);
-      static const int per_sm3 = [&] {  // CTAs of the 3-stage kernel resident per SM
-        int n = 0;
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k3, kThreads, smem3) == cudaSuccess ? n : 0;
-      }();
-      if (stages == 0) stages = mma_stages(per_sm3, static_cast<int64_t>(S) * Hkv * splits);
-      const bool heads_fast = layout == DecodeLayout::tokens_heads_fast;
-      const dim3 grid(static_cast<unsigned>(heads_fast ? Hkv : S), static_cast<unsigned>(heads_fast ? S : Hkv),
-                      static_cast<unsigned>(splits));
-      (stages >= 3 ? k3 : k2)<<<grid, kThreads, stages >= 3 ? smem3 : smem2, stream>>>(
-          static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
-          ws, H, Hkv, bs, max_blocks, splits, window, scale, heads_fast ? 1 : 0);
-    }
+    constexpr int smem2 = mma_smem_bytes<D, 2>(), smem3 = mma_smem_bytes<D, 3>();
+    auto* k2 = paged_decode_mma_kernel<T, D, G, 2>;
+    auto* k3 = paged_decode_mma_kernel<T, D, G, 3>;
+    static const cudaError_t attr = [&] {
+      const auto a = cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, smem2);
+      return a != cudaSuccess ? a : cudaFuncSetAttribute(k3, cudaFuncAttributeMaxDynamicSharedMemorySize, smem3);
+    }();
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    static const int per_sm3 = [&] {  // CTAs of the 3-stage kernel resident per SM
+      int n = 0;
+      return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k3, kThreads, smem3) == cudaSuccess ? n : 0;
+    }();
+    if (stages == 0) stages = mma_stages(per_sm3, static_cast<int64_t>(S) * Hkv * splits);
+    (stages >= 3 ? k3 : k2)<<<grid, kThreads, stages >= 3 ? smem3 : smem2, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
+        ws, H, Hkv, bs, max_blocks, splits, window, scale);
   } else {
-    const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(Hkv), static_cast<unsigned>(splits));
     paged_decode_kernel<T, D, G><<<grid, kThreads, 0, stream>>>(
         static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
         ws, H, Hkv, bs, max_blocks, splits, window, scale);
@@ -648,16 +512,16 @@ int launch_group(const void* q, const void* kc, const void* vc, const int32_t* b
 template <class T, int D>
 int launch_dim(int G, const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl, void* out,
                int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws, int stages,
-               DecodeLayout layout, cudaStream_t st) {
+               cudaStream_t st) {
   switch (G) {
-    case 1: return launch_group<T, D, 1>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 2: return launch_group<T, D, 2>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 3: return launch_group<T, D, 3>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 4: return launch_group<T, D, 4>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 5: return launch_group<T, D, 5>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 6: return launch_group<T, D, 6>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 7: return launch_group<T, D, 7>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 8: return launch_group<T, D, 8>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
+    case 1: return launch_group<T, D, 1>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 2: return launch_group<T, D, 2>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 3: return launch_group<T, D, 3>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 4: return launch_group<T, D, 4>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 5: return launch_group<T, D, 5>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 6: return launch_group<T, D, 6>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 7: return launch_group<T, D, 7>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 8: return launch_group<T, D, 8>(q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
     default: return -1;
   }
 }
@@ -665,17 +529,15 @@ int launch_dim(int G, const void* q, const void* kc, const void* vc, const int32
 template <class T>
 int launch_type(int D, int G, const void* q, const void* kc, const void* vc, const int32_t* bt, const int32_t* cl,
                 void* out, int S, int H, int Hkv, int bs, int mb, int splits, int window, float scale, float* ws,
-                int stages, DecodeLayout layout, cudaStream_t st) {
+                int stages, cudaStream_t st) {
   switch (D) {
-    case 64: return launch_dim<T, 64>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
-    case 128: return launch_dim<T, 128>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, layout, st);
+    case 64: return launch_dim<T, 64>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
+    case 128: return launch_dim<T, 128>(G, q, kc, vc, bt, cl, out, S, H, Hkv, bs, mb, splits, window, scale, ws, stages, st);
     default: return -1;
   }
 }
 
 }  // namespace
-
-void set_decode_layout(DecodeLayout layout) noexcept { forced_layout().store(static_cast<int>(layout)); }
 
 int64_t paged_decode_splits(int64_t num_seqs, int64_t kv_heads, int64_t max_blocks, int64_t block_size) {
   static int sms = [] {
@@ -699,11 +561,10 @@ int launch_paged_decode_attention(const void* q, const void* key_cache, const vo
                                   const int32_t* block_tables, const int32_t* context_lens, void* out,
                                   int64_t num_seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                   int64_t block_size, int64_t max_blocks, int64_t splits, int64_t sliding_window,
-                                  float scale, KernelDtype dtype, float* workspace, void* stream, int pipeline_stages,
-                                  DecodeLayout layout) {
+                                  float scale, KernelDtype dtype, float* workspace, void* stream, int pipeline_stages) {
   if (num_seqs == 0) return 0;
-  if (kv_heads <= 0 || heads % kv_heads != 0 || splits < 1 || pipeline_stages < 0 || pipeline_stages == 1 ||
-      pipeline_stages > 4) return -1;
+  if (kv_heads <= 0 || heads % kv_heads != 0 || splits < 1 ||
+      (pipeline_stages != 0 && pipeline_stages != 2 && pipeline_stages != 3)) return -1;
   const int G = static_cast<int>(heads / kv_heads);
   const int S = static_cast<int>(num_seqs), H = static_cast<int>(heads), Hkv = static_cast<int>(kv_heads);
   const int D = static_cast<int>(head_dim), bs = static_cast<int>(block_size), mb = static_cast<int>(max_blocks);
@@ -712,13 +573,13 @@ int launch_paged_decode_attention(const void* q, const void* key_cache, const vo
   switch (dtype) {
     case KernelDtype::f32:
       return launch_type<float>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs, mb, sp,
-                                win, scale, workspace, pipeline_stages, layout, st);
+                                win, scale, workspace, pipeline_stages, st);
     case KernelDtype::f16:
       return launch_type<__half>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs, mb,
-                                 sp, win, scale, workspace, pipeline_stages, layout, st);
+                                 sp, win, scale, workspace, pipeline_stages, st);
     case KernelDtype::bf16:
       return launch_type<__nv_bfloat16>(D, G, q, key_cache, value_cache, block_tables, context_lens, out, S, H, Hkv, bs,
-                                        mb, sp, win, scale, workspace, pipeline_stages, layout, st);
+                                        mb, sp, win, scale, workspace, pipeline_stages, st);
   }
   return -1;
 }

@@ -28,21 +28,6 @@ int launch_write_kv_to_cache(const void* key, const void* value, void* key_cache
 /// lengths), so a captured launch stays valid while the contexts grow.
 int64_t paged_decode_splits(int64_t num_seqs, int64_t kv_heads, int64_t max_blocks, int64_t block_size);
 
-/// How the bf16 / fp16 decode kernel maps its work to CTAs.
-///  - tokens: a CTA of 4 warps per (sequence, KV head, split), the warps taking turns over the
-///    slice's tiles of 16 tokens and merging through shared memory; grid (S, Hkv, splits).
-///  - tokens_heads_fast: the same, grid (Hkv, S, splits): one sequence's KV heads side by side.
-///  - warp_per_head (_2): a CTA of 4 (2) warps per (sequence, 4 (2) adjacent KV heads, split),
-///    each warp streaming its own head's whole slice; grid (Hkv / 4, S, splits). Needs no
-///    shared-memory merge, reads 4 (2) heads' contiguous bytes of each token row.
-///  - automatic: the launcher's pick for the grid (see launch_paged_decode_attention).
-enum class DecodeLayout : int { automatic = 0, tokens = 1, tokens_heads_fast = 2, warp_per_head = 3, warp_per_head_2 = 4 };
-
-/// Makes `automatic` mean `layout` for every later launch in the process (automatic: the
-/// launcher's own pick again). For benchmarks and tuning; a CUDA graph keeps the layout it was
-/// captured with.
-void set_decode_layout(DecodeLayout layout) noexcept;
-
 /// Paged decode attention, one query token per sequence: q [S, H, D] (contiguous), caches
 /// [num_blocks, block_size, Hkv, D] (contiguous), block_tables int32 [S, max_blocks],
 /// context_lens int32 [S] → out [S, H, D]. All query heads of one KV head are done by one CTA
@@ -50,15 +35,13 @@ void set_decode_layout(DecodeLayout layout) noexcept;
 /// S·H·splits·(D+2) floats when splits > 1. Returns the cudaError_t of the launch as int
 /// (0 = success), or −1 for a head_dim / group size the kernel does not cover (the caller falls
 /// back to the reference path). `pipeline_stages` (bf16/fp16): K/V tiles buffered per warp, 2 or
-/// 3 (4 too in the warp-per-head layouts); 0 picks (tokens: 3 where the deeper buffers still keep
-/// the whole grid resident, else 2; warp per head: 3). `layout`: see DecodeLayout (fp32 ignores it).
+/// 3; 0 picks 3 where the deeper buffers still keep the whole grid resident, else 2.
 int launch_paged_decode_attention(const void* q, const void* key_cache, const void* value_cache,
                                   const int32_t* block_tables, const int32_t* context_lens, void* out,
                                   int64_t num_seqs, int64_t heads, int64_t kv_heads, int64_t head_dim,
                                   int64_t block_size, int64_t max_blocks, int64_t splits,
                                   int64_t sliding_window, float scale, KernelDtype dtype, float* workspace,
-                                  void* stream, int pipeline_stages = 0,
-                                  DecodeLayout layout = DecodeLayout::automatic);
+                                  void* stream, int pipeline_stages = 0);
 
 /// RMSNorm of `rows` rows of `dim` (contiguous; x, weight and out of one dtype): out = weight *
 /// (h * rsqrt(mean(h²) + eps)) rounded as the eager ops round, h = x, or with `residual` h = x +
