@@ -338,15 +338,15 @@ class DecoderLayerImpl : public torch::nn::Module {
   }
   /// The layer (index `layer`) applied to `x` [B, T, hidden].
   at::Tensor forward(const at::Tensor& x, const LayerContext& ctx, int64_t layer = 0) {
-    auto [h, normed] = post_attention_layernorm->forward_add(x, self_attn->forward(input_layernorm(x), ctx, layer));
-    return h + mlp(normed);
+    auto [out, h] = forward_carry(x, at::Tensor(), ctx, layer);
+    return h + out;
   }
   /// The same layer with the residual stream carried to the next one (vLLM's decoder layout), for
   /// inference: `x` is the previous layer's MLP output and `residual` the stream it adds to (the
   /// first layer: the embeddings and an undefined residual). Returns {this layer's MLP output, the
   /// stream it adds to}. The stream's add is done by the next norm (one kernel with it on CUDA),
-  /// so a layer launches one kernel fewer; the values are forward()'s, bit for bit (the same
-  /// additions, rounded the same way).
+  /// so a layer launches one kernel fewer; forward() is this plus the add, so the values are the
+  /// same bit for bit.
   std::pair<at::Tensor, at::Tensor> forward_carry(const at::Tensor& x, const at::Tensor& residual,
                                                   const LayerContext& ctx, int64_t layer = 0) {
     auto [h, normed] = residual.defined() ? input_layernorm->forward_add(x, residual)
