@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
+#include <tuple>
 
 #include "hybridrl/cuda/launchers.hpp"
 
@@ -70,10 +71,12 @@ __device__ float block_sum(float v, float* shared) {
 
 // ---- RMSNorm, with the residual add before it ----
 // out = weight * T(h * rsqrt(mean(h²) + eps)), h = x (+ residual, rounded to T and stored in
-// residual_out). One block per row.
+// residual_out); rstd (float, per row) gets rsqrt(mean(h²) + eps) when given. One block per row,
+// element by element: the kernel for rows the 16-byte one below does not take.
 template <class T>
 __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ residual_out,
-                                const T* __restrict__ weight, T* __restrict__ out, int64_t dim, float eps) {
+                                const T* __restrict__ weight, T* __restrict__ out, float* __restrict__ rstd,
+                                int64_t dim, float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * dim;
@@ -90,10 +93,167 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ r
   }
   const float mean = block_sum(sq, shared) * (1.0f / static_cast<float>(dim));
   const float r = rsqrtf(mean + eps);
+  if (rstd != nullptr && threadIdx.x == 0) rstd[row] = r;
   T* o = out + row * dim;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float h = rr != nullptr ? to_f<T>(hr[i]) : to_f<T>(xr[i]);
     o[i] = from_f<T>(to_f<T>(weight[i]) * round_to<T>(h * r));
+  }
+}
+
+/// The sum of `v` over a block of `warps` full warps with one barrier: each warp's sum goes to
+/// `slot[warp]`, and every thread adds the slots up in the same order (the same total in every
+/// thread). A caller reducing again before all threads have read the slots passes other slots
+/// (two sets, used in turn, are enough: the next barrier orders the reads before the writes).
+__device__ __forceinline__ float block_sum_once(float v, float* slot, int warps) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) slot[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < warps; ++w) total += slot[w];
+  return total;
+}
+
+/// 16 bytes of T as floats, and back.
+template <class T>
+__device__ __forceinline__ void unpack16(const uint4& p, float* f) {
+  const T* t = reinterpret_cast<const T*>(&p);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(16 / sizeof(T)); ++k) f[k] = to_f<T>(t[k]);
+}
+template <class T>
+__device__ __forceinline__ uint4 pack16(const float* f) {
+  uint4 p;
+  T* t = reinterpret_cast<T*>(&p);
+#pragma unroll
+  for (int k = 0; k < static_cast<int>(16 / sizeof(T)); ++k) t[k] = from_f<T>(f[k]);
+  return p;
+}
+
+// The same norm in 16-byte packs (dim a multiple of N = 16 / sizeof(T), rows 16-byte aligned): a
+// row per block of a few warps, each thread holding P packs of it in registers — the weights
+// loaded first (they do not depend on the row), the sum of squares reduced with shuffles and one
+// barrier, the row never read twice. At decode's 256-512 rows this is the shape that keeps the
+// most loads in flight: a warp per row (tried) leaves each lane walking its chunks one after
+// another, a block per row with 2-byte accesses (the kernel above) issues 8 times the loads.
+// The arithmetic per element is the kernel above's.
+template <class T, int P>
+__global__ void rms_norm_vec_kernel(const T* __restrict__ x, const T* __restrict__ residual,
+                                    T* __restrict__ residual_out, const T* __restrict__ weight, T* __restrict__ out,
+                                    float* __restrict__ rstd, int64_t dim, float eps) {
+  constexpr int N = 16 / sizeof(T);
+  __shared__ float slot[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  const int chunks = static_cast<int>(dim / N);
+  uint4 w[P];
+  float h[P][N];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int c = threadIdx.x + p * blockDim.x;
+    if (c < chunks) w[p] = *reinterpret_cast<const uint4*>(weight + c * N);
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int c = threadIdx.x + p * blockDim.x;
+    if (c >= chunks) continue;
+    unpack16<T>(*reinterpret_cast<const uint4*>(x + base + c * N), h[p]);
+    if (residual != nullptr) {
+      float r[N];
+      unpack16<T>(*reinterpret_cast<const uint4*>(residual + base + c * N), r);
+#pragma unroll
+      for (int k = 0; k < N; ++k) h[p][k] = round_to<T>(h[p][k] + r[k]);
+      *reinterpret_cast<uint4*>(residual_out + base + c * N) = pack16<T>(h[p]);
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) sq += h[p][k] * h[p][k];
+  }
+  const float mean = block_sum_once(sq, slot, blockDim.x / 32) * (1.0f / static_cast<float>(dim));
+  const float r = rsqrtf(mean + eps);
+  if (rstd != nullptr && threadIdx.x == 0) rstd[blockIdx.x] = r;
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int c = threadIdx.x + p * blockDim.x;
+    if (c >= chunks) continue;
+    float wf[N], o[N];
+    unpack16<T>(w[p], wf);
+#pragma unroll
+    for (int k = 0; k < N; ++k) o[k] = wf[k] * round_to<T>(h[p][k] * r);
+    *reinterpret_cast<uint4*>(out + base + c * N) = pack16<T>(o);
+  }
+}
+
+// The norm's backward for training, 16-byte packs as above: from h (the norm's input), dy (the
+// output's gradient), rstd (the forward's) and, for a norm with the residual add before it, dres
+// (the gradient h receives from the residual stream):
+//   dx = r · (w·dy − x̂ · mean(w·dy · x̂)) + dres,  x̂ = h·r,   (float, rounded once)
+//   dw = Σ_rows dy · T(x̂)                                    (the forward multiplies w by T(x̂))
+// A block walks rows blockIdx.x, + gridDim.x, …, keeping its share of dw in registers, and writes
+// it to dw_partial [gridDim.x, dim] (float): the caller sums the blocks. One read of h and dy per
+// row; the weights read once per block.
+template <class T, int P>
+__global__ void __launch_bounds__(1024) rms_norm_backward_vec_kernel(const T* __restrict__ h, const T* __restrict__ dy,
+                                             const T* __restrict__ dres, const T* __restrict__ weight,
+                                             const float* __restrict__ rstd, T* __restrict__ dx,
+                                             float* __restrict__ dw_partial, int64_t rows, int64_t dim) {
+  constexpr int N = 16 / sizeof(T);
+  __shared__ float slots[2][32];
+  const int chunks = static_cast<int>(dim / N);
+  const int warps = blockDim.x / 32;
+  float w[P][N], acc[P][N];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int c = threadIdx.x + p * blockDim.x;
+    if (c < chunks) unpack16<T>(*reinterpret_cast<const uint4*>(weight + c * N), w[p]);
+#pragma unroll
+    for (int k = 0; k < N; ++k) acc[p][k] = 0.0f;
+  }
+  int turn = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, turn ^= 1) {
+    const int64_t base = row * dim;
+    const float r = rstd[row];
+    float xh[P][N], g[P][N];
+    float dot = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int c = threadIdx.x + p * blockDim.x;
+      if (c >= chunks) continue;
+      float hv[N], dv[N];
+      unpack16<T>(*reinterpret_cast<const uint4*>(h + base + c * N), hv);
+      unpack16<T>(*reinterpret_cast<const uint4*>(dy + base + c * N), dv);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        xh[p][k] = hv[k] * r;
+        g[p][k] = dv[k] * w[p][k];
+        dot += g[p][k] * xh[p][k];
+        acc[p][k] += dv[k] * round_to<T>(xh[p][k]);
+      }
+    }
+    const float mean = block_sum_once(dot, slots[turn], warps) * (1.0f / static_cast<float>(dim));
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      const int c = threadIdx.x + p * blockDim.x;
+      if (c >= chunks) continue;
+      float o[N];
+      if (dres != nullptr) {
+        unpack16<T>(*reinterpret_cast<const uint4*>(dres + base + c * N), o);
+      } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) o[k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < N; ++k) o[k] += r * (g[p][k] - xh[p][k] * mean);
+      *reinterpret_cast<uint4*>(dx + base + c * N) = pack16<T>(o);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int c = threadIdx.x + p * blockDim.x;
+    if (c >= chunks) continue;
+    float* d = dw_partial + static_cast<int64_t>(blockIdx.x) * dim + c * N;
+#pragma unroll
+    for (int k = 0; k < N; k += 4) *reinterpret_cast<float4*>(d + k) = make_float4(acc[p][k], acc[p][k + 1], acc[p][k + 2], acc[p][k + 3]);
   }
 }
 
@@ -107,8 +267,13 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ r
 template <class T>
 __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t q_stride, int64_t k_stride,
                             int64_t v_stride, T* q_out, T* k_out, T* v_out, const T* __restrict__ cos,
-                            const T* __restrict__ sin, int heads, int kv_heads, int head_dim) {
+                            const T* __restrict__ sin, int heads, int kv_heads, int head_dim, T* key_cache,
+                            T* value_cache, const int64_t* __restrict__ slots, int64_t num_slots) {
   const int64_t token = blockIdx.x;
+  int64_t slot = slots != nullptr ? slots[token] : -1;
+  if (slot >= num_slots) slot = -1;  // outside the cache: skipped, as write_kv_to_cache's kernel does
+  T* kc = slot >= 0 ? key_cache + slot * kv_heads * head_dim : nullptr;
+  T* vc = slot >= 0 ? value_cache + slot * kv_heads * head_dim : nullptr;
   const int half = head_dim / 2;
   const T* c = cos + token * head_dim;
   const T* s = sin + token * head_dim;
@@ -125,10 +290,17 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
         round_to<T>(round_to<T>(__fmul_rn(b, to_f<T>(c[i + half]))) + round_to<T>(__fmul_rn(a, to_f<T>(s[i + half]))));
     y[i] = from_f<T>(lo);
     y[i + half] = from_f<T>(hi);
+    if (!is_q && kc != nullptr) {
+      kc[h * head_dim + i] = from_f<T>(lo);
+      kc[h * head_dim + i + half] = from_f<T>(hi);
+    }
   }
   if (v_in != nullptr) {
     const int n = kv_heads * head_dim;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) v_out[token * n + e] = v_in[token * v_stride + e];
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+      v_out[token * n + e] = v_in[token * v_stride + e];
+      if (vc != nullptr) vc[e] = v_in[token * v_stride + e];
+    }
   }
 }
 
@@ -140,7 +312,8 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
 template <class T>
 __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t q_stride, int64_t k_stride,
                                 int64_t v_stride, T* q_out, T* k_out, T* v_out, const T* __restrict__ cos,
-                                const T* __restrict__ sin, int64_t tokens, int heads, int kv_heads, int head_dim) {
+                                const T* __restrict__ sin, int64_t tokens, int heads, int kv_heads, int head_dim,
+                                T* key_cache, T* value_cache, const int64_t* __restrict__ slots, int64_t num_slots) {
   constexpr int N = 16 / sizeof(T);
   using P = uint4;
   const int half = head_dim / 2, chunks = half / N;  // per head
@@ -151,9 +324,13 @@ __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int
        it += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t token = it / (per_token + v_chunks);
     const int w = static_cast<int>(it - token * (per_token + v_chunks));
+    int64_t slot = slots != nullptr ? slots[token] : -1;  // the token's cache row (−1: none)
+    if (slot >= num_slots) slot = -1;                    // outside the cache: skipped
     if (w >= per_token) {  // v's copy
       const int e = (w - per_token) * N;
-      *reinterpret_cast<P*>(v_out + token * kv_heads * head_dim + e) = *reinterpret_cast<const P*>(v_in + token * v_stride + e);
+      const P val = *reinterpret_cast<const P*>(v_in + token * v_stride + e);
+      *reinterpret_cast<P*>(v_out + token * kv_heads * head_dim + e) = val;
+      if (slot >= 0) *reinterpret_cast<P*>(value_cache + slot * kv_heads * head_dim + e) = val;
       continue;
     }
     const int head = w / chunks, i0 = (w % chunks) * N;
@@ -181,6 +358,11 @@ __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int
     }
     *reinterpret_cast<P*>(y + i0) = ya;
     *reinterpret_cast<P*>(y + i0 + half) = yb;
+    if (!is_q && slot >= 0) {
+      T* kc = key_cache + slot * kv_heads * head_dim + h * head_dim;
+      *reinterpret_cast<P*>(kc + i0) = ya;
+      *reinterpret_cast<P*>(kc + i0 + half) = yb;
+    }
   }
 }
 
@@ -515,24 +697,105 @@ int by_dtype(KernelDtype dtype, F&& f) {
 
 }  // namespace
 
+namespace {
+/// Packs per thread (1, 2 or 4) of the 16-byte RMSNorm kernels for rows of `dim` T, 0 where they
+/// do not apply (dim not a multiple of a pack, or more than 4096 packs).
+int rms_norm_packs(int64_t dim, int64_t elem_bytes) {
+  const int64_t n = 16 / elem_bytes;
+  if (dim % n != 0) return 0;
+  const int64_t chunks = dim / n;
+  return chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 0;
+}
+/// Threads of a block of the 16-byte kernels: the packs of a row over P, rounded up to full warps.
+int rms_norm_threads(int64_t dim, int64_t elem_bytes, int packs) {
+  const int64_t chunks = dim / (16 / elem_bytes);
+  const int64_t t = (chunks + packs - 1) / packs;
+  return static_cast<int>((t + 31) / 32 * 32);
+}
+int64_t kernel_elem_bytes(KernelDtype dtype) { return dtype == KernelDtype::f32 ? 4 : 2; }
+}  // namespace
+
 int launch_rms_norm(const void* x, const void* residual, void* residual_out, const void* weight, void* out,
-                    int64_t rows, int64_t dim, float eps, KernelDtype dtype, void* stream) {
+                    float* rstd, int64_t rows, int64_t dim, float eps, KernelDtype dtype, void* stream) {
   if (rows == 0) return 0;
   if ((residual == nullptr) != (residual_out == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t eb = kernel_elem_bytes(dtype);
+  const int packs = rms_norm_packs(dim, eb);
+  const bool vec = packs > 0 && aligned_rows(x, dim * eb) && aligned16(weight) && aligned_rows(out, dim * eb) &&
+                   (residual == nullptr || (aligned_rows(residual, dim * eb) && aligned_rows(residual_out, dim * eb)));
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T><<<static_cast<unsigned>(rows), dim >= 2048 ? 512 : 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<T*>(residual_out),
-        static_cast<const T*>(weight), static_cast<T*>(out), dim, eps);
+    auto* s = static_cast<cudaStream_t>(stream);
+    const auto* xt = static_cast<const T*>(x);
+    const auto* rt = static_cast<const T*>(residual);
+    auto* ht = static_cast<T*>(residual_out);
+    const auto* wt = static_cast<const T*>(weight);
+    auto* ot = static_cast<T*>(out);
+    const auto blocks = static_cast<unsigned>(rows);
+    if (vec) {
+      const int threads = rms_norm_threads(dim, eb, packs);
+      if (packs == 1) rms_norm_vec_kernel<T, 1><<<blocks, threads, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
+      if (packs == 2) rms_norm_vec_kernel<T, 2><<<blocks, threads, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
+      if (packs == 4) rms_norm_vec_kernel<T, 4><<<blocks, threads, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
+    } else {
+      rms_norm_kernel<T><<<blocks, dim >= 2048 ? 512 : 256, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
+    }
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int64_t rms_norm_backward_blocks(int64_t rows, int64_t dim, KernelDtype dtype) {
+  const int64_t eb = kernel_elem_bytes(dtype);
+  // one pack a thread: the backward holds four values per element (weight, dw, x̂, w·dy), and at
+  // two or four packs a thread a block of 1024 threads runs out of registers
+  const int packs = rms_norm_packs(dim, eb);
+  if (packs != 1 || rows == 0) return 0;
+  static const int sms = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 132;
+    }
+    return n;
+  }();
+  // about 1024 threads a multiprocessor: enough rows in flight to stream, few partial rows of dw
+  const int64_t per_sm = std::max<int64_t>(1, 1024 / rms_norm_threads(dim, eb, packs));
+  return std::min<int64_t>(rows, per_sm * sms);
+}
+
+int launch_rms_norm_backward(const void* h, const void* grad_out, const void* grad_residual, const void* weight,
+                             const float* rstd, void* grad_in, float* grad_weight_partial, int64_t rows, int64_t dim,
+                             int64_t blocks, KernelDtype dtype, void* stream) {
+  if (rows == 0) return 0;
+  const int64_t eb = kernel_elem_bytes(dtype);
+  const int packs = rms_norm_packs(dim, eb);
+  if (packs != 1 || blocks <= 0 || !aligned_rows(h, dim * eb) || !aligned_rows(grad_out, dim * eb) ||
+      !aligned_rows(grad_in, dim * eb) || !aligned16(weight) || !aligned16(grad_weight_partial) ||
+      (grad_residual != nullptr && !aligned_rows(grad_residual, dim * eb))) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* s = static_cast<cudaStream_t>(stream);
+    const int threads = rms_norm_threads(dim, eb, packs);
+    const auto args = std::make_tuple(static_cast<const T*>(h), static_cast<const T*>(grad_out),
+                                      static_cast<const T*>(grad_residual), static_cast<const T*>(weight), rstd,
+                                      static_cast<T*>(grad_in), grad_weight_partial, rows, dim);
+    const auto g = static_cast<unsigned>(blocks);
+    std::apply([&](auto... a) { rms_norm_backward_vec_kernel<T, 1><<<g, threads, 0, s>>>(a...); }, args);
     return static_cast<int>(cudaGetLastError());
   });
 }
 
 int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_stride, int64_t k_stride,
                 int64_t v_stride, void* q_out, void* k_out, void* v_out, const void* cos, const void* sin,
-                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream) {
+                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream,
+                void* key_cache, void* value_cache, const int64_t* slot_mapping, int64_t num_slots) {
   if (tokens == 0) return 0;
   if (head_dim % 2 != 0 || (v_in == nullptr) != (v_out == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
+  if (slot_mapping != nullptr && (key_cache == nullptr || value_cache == nullptr || v_in == nullptr)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (slot_mapping == nullptr) key_cache = value_cache = nullptr;
   const auto pairs = (heads + kv_heads) * head_dim / 2;
   const int threads = pairs >= 512 ? 512 : pairs >= 256 ? 256 : 128;
   return by_dtype(dtype, [&](auto tag) {
@@ -541,20 +804,23 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
     const bool vec = (head_dim / 2) % N == 0 && q_stride % N == 0 && k_stride % N == 0 &&
                      (v_in == nullptr || v_stride % N == 0) && aligned16(q_in) && aligned16(k_in) && aligned16(q_out) &&
                      aligned16(k_out) && aligned16(cos) && aligned16(sin) &&
-                     (v_in == nullptr || (aligned16(v_in) && aligned16(v_out)));
+                     (v_in == nullptr || (aligned16(v_in) && aligned16(v_out))) &&
+                     (slot_mapping == nullptr || (aligned16(key_cache) && aligned16(value_cache)));
     if (vec) {
       const int64_t items = tokens * ((heads + kv_heads) * head_dim / 2 / N + (v_in != nullptr ? kv_heads * head_dim / N : 0));
       const int64_t blocks = std::min<int64_t>((items + 255) / 256, int64_t{1} << 20);
       rope_vec_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
           static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
           v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),
-          static_cast<const T*>(sin), tokens, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim));
+          static_cast<const T*>(sin), tokens, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
+          static_cast<T*>(key_cache), static_cast<T*>(value_cache), slot_mapping, num_slots);
       return static_cast<int>(cudaGetLastError());
     }
     rope_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
         v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),
-        static_cast<const T*>(sin), static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim));
+        static_cast<const T*>(sin), static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
+        static_cast<T*>(key_cache), static_cast<T*>(value_cache), slot_mapping, num_slots);
     return static_cast<int>(cudaGetLastError());
   });
 }

@@ -203,6 +203,10 @@ TEST_SUITE("sharding/optimizer") {
     // the double), so the second moments agree to that, not to 1e-6 (measured on the H200: 1.3e-5)
     CHECK((sa.at("optimizer.1.exp_avg_sq") - sb.at("optimizer.1.exp_avg_sq")).abs().max().item<double>() <=
           1e-4 * sb.at("optimizer.1.exp_avg_sq").abs().max().item<double>());
+    // the first moments carry the clipped gradients at their scale (the fused step folds the clip
+    // factor into the kernel; AdamW's update alone would hide a wrong factor)
+    CHECK((sa.at("optimizer.1.exp_avg") - sb.at("optimizer.1.exp_avg")).abs().max().item<double>() <=
+          1e-5 * sb.at("optimizer.1.exp_avg").abs().max().item<double>());
     // resume from step 2 in a fresh fused optimizer: the same bits as the run that went on
     auto c = params_from(saved_params);
     Optimizer resumed(c, o, 8);

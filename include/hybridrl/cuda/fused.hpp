@@ -92,7 +92,7 @@ inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double
   auto out = at::empty_like(x);
   const auto dim = x.size(-1);
   detail::check_launch(cuda::launch_rms_norm(x.data_ptr(), nullptr, nullptr, weight.data_ptr(), out.data_ptr(),
-                                             x.numel() / dim, dim, static_cast<float>(eps),
+                                             nullptr, x.numel() / dim, dim, static_cast<float>(eps),
                                              *detail::kernel_dtype(x.scalar_type()), detail::stream()),
                        "rms_norm");
   return out;
@@ -117,7 +117,7 @@ inline std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const
   auto out = at::empty_like(x);
   const auto dim = x.size(-1);
   detail::check_launch(cuda::launch_rms_norm(x.data_ptr(), residual.data_ptr(), h.data_ptr(), weight.data_ptr(),
-                                             out.data_ptr(), x.numel() / dim, dim, static_cast<float>(eps),
+                                             out.data_ptr(), nullptr, x.numel() / dim, dim, static_cast<float>(eps),
                                              *detail::kernel_dtype(x.scalar_type()), detail::stream()),
                        "add_rms_norm");
   return {h, out};
@@ -154,12 +154,22 @@ inline bool rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at:
 #endif
 }
 
+/// A paged KV cache's rows for a step's new keys and values (write_kv_to_cache's arguments):
+/// key_cache / value_cache [num_blocks, block_size, Hkv, D] (contiguous), slot_mapping int64
+/// [tokens] (block · block_size + offset; −1: not stored).
+struct CacheRows {
+  at::Tensor key_cache, value_cache, slot_mapping;
+};
+
 /// The rotary-embedded q [B, T, H, D], k [B, T, Hkv, D] and v [B, T, Hkv, D] (each contiguous)
 /// of one fused q|k|v projection `qkv` [B, T, (H + 2 Hkv) D] (contiguous) with cos / sin
-/// [B, T, D]: one kernel splits, rotates and copies. Undefined tensors where it does not apply.
+/// [B, T, D]: one kernel splits, rotates and copies — and with `cache`, stores k and v at their
+/// slots in the same pass (token b·T + t at slot_mapping[b·T + t]). Undefined tensors where it
+/// does not apply (for `cache` also: caches not contiguous [blocks, block_size, Hkv, D] of qkv's
+/// dtype and device, slot_mapping not int64 [B·T] there): nothing is written then.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope(const at::Tensor& qkv, int64_t heads, int64_t kv_heads,
                                                                int64_t head_dim, const at::Tensor& cos,
-                                                               const at::Tensor& sin) {
+                                                               const at::Tensor& sin, const CacheRows* cache = nullptr) {
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
   const auto row = (heads + 2 * kv_heads) * head_dim;
   if (!applies(qkv) || qkv.dim() != 3 || qkv.size(2) != row || !qkv.is_contiguous() || head_dim % 2 != 0 ||
@@ -168,6 +178,18 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope(const at::Tensor&
       cos.dim() != 3 || cos.size(0) != qkv.size(0) || cos.size(1) != qkv.size(1) || cos.size(2) != head_dim ||
       sin.sizes() != cos.sizes()) {
     return {};
+  }
+  if (cache != nullptr) {
+    const auto& kc = cache->key_cache;
+    const auto& vc = cache->value_cache;
+    const auto& sm = cache->slot_mapping;
+    if (!kc.defined() || !vc.defined() || !sm.defined() || kc.dim() != 4 || vc.sizes() != kc.sizes() ||
+        kc.size(2) != kv_heads || kc.size(3) != head_dim || kc.scalar_type() != qkv.scalar_type() ||
+        vc.scalar_type() != qkv.scalar_type() || kc.device() != qkv.device() || vc.device() != qkv.device() ||
+        !kc.is_contiguous() || !vc.is_contiguous() || sm.scalar_type() != at::kLong || sm.dim() != 1 ||
+        sm.size(0) != qkv.size(0) * qkv.size(1) || sm.device() != qkv.device() || !sm.is_contiguous()) {
+      return {};
+    }
   }
   const auto B = qkv.size(0), T = qkv.size(1);
   auto q = at::empty({B, T, heads, head_dim}, qkv.options());
@@ -178,11 +200,15 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope(const at::Tensor&
   detail::check_launch(cuda::launch_rope(base, base + heads * head_dim * elem, base + (heads + kv_heads) * head_dim * elem,
                                          row, row, row, q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(),
                                          sin.data_ptr(), B * T, heads, kv_heads, head_dim,
-                                         *detail::kernel_dtype(qkv.scalar_type()), detail::stream()),
+                                         *detail::kernel_dtype(qkv.scalar_type()), detail::stream(),
+                                         cache != nullptr ? cache->key_cache.data_ptr() : nullptr,
+                                         cache != nullptr ? cache->value_cache.data_ptr() : nullptr,
+                                         cache != nullptr ? cache->slot_mapping.data_ptr<int64_t>() : nullptr,
+                                         cache != nullptr ? cache->key_cache.size(0) * cache->key_cache.size(1) : 0),
                        "qkv_rope");
   return {q, k, v};
 #else
-  (void)qkv, (void)heads, (void)kv_heads, (void)head_dim, (void)cos, (void)sin;
+  (void)qkv, (void)heads, (void)kv_heads, (void)head_dim, (void)cos, (void)sin, (void)cache;
   return {};
 #endif
 }
@@ -332,6 +358,110 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
 };
 }  // namespace detail
 #endif
+
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+namespace detail {
+// RMSNorm, with or without the residual add before it, as autograd functions: the forward is
+// the inference kernel writing each row's rstd too, the backward one kernel for the input's
+// gradient — with the gradient the residual stream brings to h added in, so autograd has no sum
+// to do there — and the weight's as partial sums over blocks of rows. Saves h (the add's output,
+// which the layer keeps anyway, or the input), the weight and rstd. Two functions, because a C++
+// autograd function takes no undefined tensor among its inputs.
+struct RmsNormTrainImpl {
+  /// {h, out} (h = x without a residual), saving what the backward needs.
+  static std::pair<at::Tensor, at::Tensor> forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                   const at::Tensor& residual, const at::Tensor& weight, double eps) {
+    const bool add = residual.defined();
+    const auto dim = x.size(-1), rows = x.numel() / dim;
+    auto h = add ? at::empty_like(x) : x;
+    auto out = at::empty_like(x);
+    auto rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+    check_launch(cuda::launch_rms_norm(x.data_ptr(), add ? residual.data_ptr() : nullptr, add ? h.data_ptr() : nullptr,
+                                       weight.data_ptr(), out.data_ptr(), rstd.data_ptr<float>(), rows, dim,
+                                       static_cast<float>(eps), *kernel_dtype(x.scalar_type()), stream()),
+                 add ? "add_rms_norm (training)" : "rms_norm (training)");
+    ctx->save_for_backward({h, weight, rstd});
+    return {h, out};
+  }
+  /// {the gradient of h (x, and the residual), the weight's} from the output's (and h's, from
+  /// the residual stream; undefined: none).
+  static std::pair<at::Tensor, at::Tensor> backward(torch::autograd::AutogradContext* ctx, const at::Tensor& grad_out,
+                                                    const at::Tensor& grad_h) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& h = saved[0];
+    const auto& weight = saved[1];
+    const auto dim = h.size(-1), rows = h.numel() / dim;
+    const auto dtype = *kernel_dtype(h.scalar_type());
+    auto as_h = [&](const at::Tensor& g) { return g.defined() ? g.to(h.scalar_type()).contiguous() : at::Tensor(); };
+    const auto g_out = as_h(grad_out);
+    const auto g_res = as_h(grad_h);
+    if (!g_out.defined()) return {g_res.defined() ? g_res : at::zeros_like(h), at::zeros_like(weight)};
+    auto dx = at::empty_like(h);
+    const auto blocks = cuda::rms_norm_backward_blocks(rows, dim, dtype);
+    auto partial = at::empty({blocks, dim}, h.options().dtype(at::kFloat));
+    check_launch(cuda::launch_rms_norm_backward(h.data_ptr(), g_out.data_ptr(), g_res.defined() ? g_res.data_ptr() : nullptr,
+                                                weight.data_ptr(), saved[2].data_ptr<float>(), dx.data_ptr(),
+                                                partial.data_ptr<float>(), rows, dim, blocks, dtype, stream()),
+                 "rms_norm_backward");
+    return {dx, partial.sum(0).to(weight.scalar_type())};
+  }
+};
+struct RmsNormTrain : torch::autograd::Function<RmsNormTrain> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps) {
+    return RmsNormTrainImpl::forward(ctx, x, at::Tensor(), weight, eps).second;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto [dx, dw] = RmsNormTrainImpl::backward(ctx, grads[0], at::Tensor());
+    return {dx, dw, at::Tensor()};
+  }
+};
+struct AddRmsNormTrain : torch::autograd::Function<AddRmsNormTrain> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& residual, const at::Tensor& weight, double eps) {
+    auto [h, out] = RmsNormTrainImpl::forward(ctx, x, residual, weight, eps);
+    return {h, out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto [dx, dw] = RmsNormTrainImpl::backward(ctx, grads[1], grads[0]);
+    return {dx, dx, dw, at::Tensor()};
+  }
+};
+}  // namespace detail
+#endif
+
+/// RMSNorm of `x` [..., dim] with `weight` [dim] as a differentiable op for training, and with
+/// `residual` defined the pre-norm layer's residual add before it: {h = x + residual, norm(h)}
+/// ({x, norm(x)} without). Forward: the inference kernel (within one unit in the last place of
+/// the eager ops); backward: one kernel for the input's gradient (computed in float, rounded
+/// once; the residual stream's gradient of h added in the same pass) and the weight's in partial
+/// sums. Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or
+/// devices, non-contiguous, a row not a multiple of 16 bytes or over 16 KB: bf16 rows up to 8192).
+inline std::pair<at::Tensor, at::Tensor> rms_norm_train(const at::Tensor& x, const at::Tensor& residual,
+                                                        const at::Tensor& weight, double eps) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!x.defined() || !x.is_cuda() || !enabled() || !detail::kernel_dtype(x.scalar_type()) || x.dim() == 0 ||
+      x.numel() == 0 || !x.is_contiguous() || !weight.defined() || weight.scalar_type() != x.scalar_type() ||
+      weight.device() != x.device() || !weight.is_contiguous() || weight.dim() != 1 || weight.size(0) != x.size(-1) ||
+      cuda::rms_norm_backward_blocks(x.numel() / x.size(-1), x.size(-1), *detail::kernel_dtype(x.scalar_type())) == 0 ||
+      reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 || reinterpret_cast<uintptr_t>(weight.data_ptr()) % 16 != 0) {
+    return {};
+  }
+  if (residual.defined() && (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() ||
+                             residual.device() != x.device() || !residual.is_contiguous() ||
+                             reinterpret_cast<uintptr_t>(residual.data_ptr()) % 16 != 0)) {
+    return {};
+  }
+  if (!residual.defined()) return {x, detail::RmsNormTrain::apply(x, weight, eps)};
+  auto out = detail::AddRmsNormTrain::apply(x, residual, weight, eps);
+  return {out[0], out[1]};
+#else
+  (void)x, (void)residual, (void)weight, (void)eps;
+  return {};
+#endif
+}
 
 /// silu(gate) · up (one shape, dtype and device, contiguous) as a differentiable op for training:
 /// the forward bit-identical to the eager `at::silu(gate) * up`, the backward one kernel whose

@@ -46,16 +46,37 @@ int launch_paged_decode_attention(const void* q, const void* key_cache, const vo
 /// RMSNorm of `rows` rows of `dim` (contiguous; x, weight and out of one dtype): out = weight *
 /// (h * rsqrt(mean(h²) + eps)) rounded as the eager ops round, h = x, or with `residual` h = x +
 /// residual (rounded to the dtype), which is also written to `residual_out` (both or neither).
+/// With `rstd` (float [rows]) each row's rsqrt(mean(h²) + eps) is written there (the backward's).
 int launch_rms_norm(const void* x, const void* residual, void* residual_out, const void* weight, void* out,
-                    int64_t rows, int64_t dim, float eps, KernelDtype dtype, void* stream);
+                    float* rstd, int64_t rows, int64_t dim, float eps, KernelDtype dtype, void* stream);
+
+/// Blocks launch_rms_norm_backward runs for `rows` rows of `dim` — the rows of the float
+/// [blocks, dim] partial weight gradient it writes — or 0 where it does not apply (dim not a
+/// multiple of 16 bytes, or over 1024 · 16 bytes: bf16 rows up to 8192, fp32 up to 4096).
+int64_t rms_norm_backward_blocks(int64_t rows, int64_t dim, KernelDtype dtype);
+
+/// The backward of launch_rms_norm (every tensor contiguous, 16-byte aligned): from the norm's
+/// input `h`, `grad_out` and the forward's `rstd`, grad_in = the gradient of h (plus
+/// `grad_residual`, the gradient h receives besides, when given), and the weight's gradient as
+/// `blocks` partial sums, grad_weight_partial float [blocks, dim] (blocks from
+/// rms_norm_backward_blocks; sum its rows). Computed in float, grad_in rounded once.
+int launch_rms_norm_backward(const void* h, const void* grad_out, const void* grad_residual, const void* weight,
+                             const float* rstd, void* grad_in, float* grad_weight_partial, int64_t rows, int64_t dim,
+                             int64_t blocks, KernelDtype dtype, void* stream);
 
 /// Rotary embeddings (HF's rotate_half form) of q [tokens, heads, head_dim] and k [tokens,
 /// kv_heads, head_dim], rows `q_stride` / `k_stride` elements apart (heads contiguous within a
 /// row), written contiguous to q_out / k_out (in place when they are q_in / k_in); v's rows
 /// (`v_stride` apart) are copied contiguous to v_out when v_in is given. cos / sin [tokens, head_dim].
+/// With `slot_mapping` (int64 [tokens]; −1 = skip the token; v_in given) each token's rotated k
+/// and its v are also stored in row slot_mapping[t] of the paged caches `key_cache` /
+/// `value_cache` (contiguous [num_slots, kv_heads · head_dim]; a slot outside them is skipped):
+/// write_kv_to_cache in the same pass.
 int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_stride, int64_t k_stride,
                 int64_t v_stride, void* q_out, void* k_out, void* v_out, const void* cos, const void* sin,
-                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream);
+                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream,
+                void* key_cache = nullptr, void* value_cache = nullptr, const int64_t* slot_mapping = nullptr,
+                int64_t num_slots = 0);
 
 /// out [rows, cols] (contiguous) = silu(gate) * up, gate's and up's rows `in_stride` elements apart.
 int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* out, int64_t rows, int64_t cols,

@@ -249,12 +249,14 @@ namespace hybridrl::detail::compat {
 /// One AdamW step (decoupled weight decay, bias-corrected, no amsgrad) of `params` from `grads`,
 /// updating `exp_avgs`/`exp_avg_sqs` in place: every tensor on one CUDA device, params, grads and
 /// moments of one dtype, `steps` the 0-d float32 step counts on that device, already incremented
-/// for this step (torch.optim's fused path).
+/// for this step (torch.optim's fused path). With `grad_scale` (0-d float32 on that device) the
+/// kernel divides each gradient by it as it reads it and stores the quotient back (AMP's unscale;
+/// the optimizer's clipping by 1 / coefficient).
 inline void fused_adamw(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
-                        double weight_decay, double eps) {
+                        double weight_decay, double eps, const std::optional<at::Tensor>& grad_scale = std::nullopt) {
   at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2, weight_decay,
-                    eps, /*amsgrad=*/false, /*maximize=*/false, std::nullopt, std::nullopt);
+                    eps, /*amsgrad=*/false, /*maximize=*/false, grad_scale, std::nullopt);
 }
 #endif
 

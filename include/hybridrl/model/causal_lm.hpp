@@ -86,9 +86,11 @@ class CausalLMImpl : public torch::nn::Module {
   }
 
   /// Logits of `input_ids` [B, n] at `positions` [B, n], with attention done by `attn_fn` for each
-  /// layer (the caller writes k/v into its cache and attends over it: the rollouts' entry point).
-  at::Tensor forward_with_attention(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionFn& attn_fn) {
-    return logits(model->forward_with_attention(input_ids, positions, attn_fn));
+  /// layer (the caller writes k/v into its cache and attends over it: the rollouts' entry point;
+  /// with `kv_write` the layers store k/v there themselves, see DecoderImpl::forward_with_attention).
+  at::Tensor forward_with_attention(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionFn& attn_fn,
+                                    const KvWrite* kv_write = nullptr) {
+    return logits(model->forward_with_attention(input_ids, positions, attn_fn, kv_write));
   }
 
   /// The output matrix [vocab, hidden] (this rank's [vocab/tp, hidden]): lm_head's, or the

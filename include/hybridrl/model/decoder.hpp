@@ -170,9 +170,12 @@ class DecoderImpl : public torch::nn::Module {
     return run(ids, pos, masks, nullptr);
   }
 
-  /// Hidden states of `input_ids` at `positions` with attention done by `attn_fn` (KV caches).
-  at::Tensor forward_with_attention(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionFn& attn_fn) {
-    return run(input_ids, positions.to(input_ids.device()), LayerMasks{}, attn_fn);
+  /// Hidden states of `input_ids` at `positions` with attention done by `attn_fn` (KV caches);
+  /// with `kv_write`, each layer stores its keys and values in those caches before calling
+  /// attn_fn (which then only reads them).
+  at::Tensor forward_with_attention(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionFn& attn_fn,
+                                    const KvWrite* kv_write = nullptr) {
+    return run(input_ids, positions.to(input_ids.device()), LayerMasks{}, attn_fn, kv_write);
   }
 
   /// Installs the per-layer runner (default_layer_runner() when empty): a sharding engine composes
@@ -268,7 +271,8 @@ class DecoderImpl : public torch::nn::Module {
     return at::zeros({B * T, h.size(-1)}, h.options()).index_copy(0, idx, h[0]).view({B, T, h.size(-1)});
   }
 
-  at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const LayerMasks& masks, const AttentionFn& attn_fn) {
+  at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const LayerMasks& masks, const AttentionFn& attn_fn,
+                 const KvWrite* kv_write = nullptr) {
     if (ids.device().is_cpu()) check_token_ids(ids, config_.vocab_size);  // CUDA: no sync per forward
     auto h = embed_tokens(ids);
     // the fp32 frequencies on the ids' device, copied once (no host-to-device copy per forward,
@@ -276,6 +280,7 @@ class DecoderImpl : public torch::nn::Module {
     if (!inv_freq_here_.defined() || inv_freq_here_.device() != ids.device()) inv_freq_here_ = inv_freq_.to(ids.device());
     auto [cos, sin] = rope_cos_sin(inv_freq_here_, pos, h.scalar_type());
     LayerContext ctx{cos, sin, masks.all, true, attn_fn};
+    ctx.kv_write = kv_write;
     const bool mixed = masks.sliding.defined();
     if (!custom_runner_ && !c10::GradMode::is_enabled()) {
       // inference with the plain runner: the residual stream carried across layers, its add done

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "hybridrl/cuda/fused.hpp"
+#include "hybridrl/cuda/paged_kv.hpp"
 #include "hybridrl/detail/compat.hpp"
 #include "hybridrl/model/attention.hpp"
 #include "hybridrl/model/config.hpp"
@@ -40,8 +41,9 @@ class RMSNormImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     if (auto fused = fused::rms_norm(x, weight, eps_); fused.defined()) return fused;  // inference on CUDA
     if (x.is_cuda() && c10::GradMode::is_enabled() && fused::enabled() && x.scalar_type() == weight.scalar_type()) {
-      // training on CUDA: LibTorch's fused kernel and its backward (one rounding of
-      // weight · x · rstd instead of two: within one unit in the last place of the eager ops)
+      // training on CUDA: hybridrl's kernel and its backward, else LibTorch's (≥ 2.10; one
+      // rounding of weight · x · rstd instead of two): within one unit in the last place of the eager ops
+      if (auto fused = fused::rms_norm_train(x, at::Tensor(), weight, eps_).second; fused.defined()) return fused;
       if (auto fused = detail::compat::fused_rms_norm(x, weight, eps_); fused.defined()) return fused;
     }
     auto h = x.to(at::kFloat);
@@ -49,9 +51,13 @@ class RMSNormImpl : public torch::nn::Module {
     return weight * h.to(x.scalar_type());
   }
   /// {h, forward(h)} with h = x + residual: a pre-norm layer's residual add and its next norm (one
-  /// kernel in inference on CUDA).
+  /// kernel on CUDA, in inference and in training — there with one kernel for the backward of
+  /// both, the gradient h gets from the stream added in it).
   std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& residual) {
     if (auto fused = fused::add_rms_norm(x, residual, weight, eps_); fused.first.defined()) return fused;
+    if (c10::GradMode::is_enabled()) {
+      if (auto fused = fused::rms_norm_train(x, residual, weight, eps_); fused.first.defined()) return fused;
+    }
     auto h = x + residual;
     return {h, forward(h)};
   }
@@ -126,8 +132,17 @@ inline at::Tensor fuse_rows(std::initializer_list<at::Tensor*> parts) {
 using AttentionFn = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v)>;
 
+/// Where the layers of a forward store the keys and values they compute, for a caller keeping a
+/// paged KV cache: each layer writes its own before it calls the caller's attention — on CUDA in
+/// the kernel that rotates them (one pass, no write_kv_to_cache launch), else through
+/// write_kv_to_cache — so the attention function only reads the cache.
+struct KvWrite {
+  std::vector<std::pair<at::Tensor, at::Tensor>> caches;  ///< per layer: key and value cache [blocks, block_size, Hkv, D]
+  at::Tensor slot_mapping;  ///< int64 [B·T]: the cache slot of each token of the forward (−1: not stored)
+};
+
 /// What every layer of one forward shares: the rotary tables, the attention mask and, for KV-cache
-/// decoding, who does the attention.
+/// decoding, who does the attention (and where the keys and values go).
 struct LayerContext {
   at::Tensor cos, sin;     ///< [B, T, head_dim] in the compute dtype
   at::Tensor mask;         ///< bool "may attend" [B, 1, Tq, Tk], or undefined for plain causal
@@ -143,6 +158,7 @@ struct LayerContext {
     at::ScalarType dtype = at::kBFloat16;  ///< q, k, v cast to it (autocast leaves rotary outputs in fp32)
   };
   std::optional<Varlen> varlen;
+  const KvWrite* kv_write = nullptr;  ///< with `attention`: the layers store k/v in these caches first
 };
 
 /// Grouped-query self-attention with rotary embeddings; q/k/v bias for Qwen2 (or Llama
@@ -163,14 +179,21 @@ class AttentionImpl : public torch::nn::Module {
   }
 
   /// q [B, H, T, D], k and v [B, Hkv, T, D] of `x` [B, T, hidden], rotary applied to q and k.
+  /// With `cache`, k and v are also stored at their slots there (`*stored` set to whether the
+  /// projection did it: in its rotary kernel on CUDA; otherwise the caller stores them).
   std::tuple<at::Tensor, at::Tensor, at::Tensor> project(const at::Tensor& x, const at::Tensor& cos,
-                                                         const at::Tensor& sin) {
+                                                         const at::Tensor& sin, const fused::CacheRows* cache = nullptr,
+                                                         bool* stored = nullptr) {
     const auto B = x.size(0), T = x.size(1);
+    if (stored != nullptr) *stored = false;
     if (qkv_weight_.defined() && fused::applies(x) && x.scalar_type() == qkv_weight_.scalar_type() &&
         cos.scalar_type() == x.scalar_type() && fused_still_shared()) {
-      // inference on CUDA: one GEMM for q|k|v, one kernel to split and rotate
-      auto [q, k, v] = fused::qkv_rope(at::linear(x, qkv_weight_, qkv_bias_), heads_, kv_heads_, head_dim_, cos, sin);
-      if (q.defined()) return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};
+      // inference on CUDA: one GEMM for q|k|v, one kernel to split, rotate (and store in the cache)
+      auto [q, k, v] = fused::qkv_rope(at::linear(x, qkv_weight_, qkv_bias_), heads_, kv_heads_, head_dim_, cos, sin, cache);
+      if (q.defined()) {
+        if (stored != nullptr) *stored = cache != nullptr;
+        return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};
+      }
     }
     auto q = q_proj(x).view({B, T, heads_, head_dim_});
     auto k = k_proj(x).view({B, T, kv_heads_, head_dim_});
@@ -200,7 +223,19 @@ class AttentionImpl : public torch::nn::Module {
 #if HYBRIDRL_HAS_VARLEN_FLASH
     if (ctx.varlen && !ctx.attention) return forward_varlen(x, ctx);
 #endif
-    auto [q, k, v] = project(x, ctx.cos, ctx.sin);
+    std::optional<fused::CacheRows> cache;
+    if (ctx.kv_write != nullptr && ctx.attention) {
+      const auto& [kc, vc] = ctx.kv_write->caches.at(static_cast<size_t>(layer));
+      cache = fused::CacheRows{kc, vc, ctx.kv_write->slot_mapping};
+    }
+    bool stored = false;
+    auto [q, k, v] = project(x, ctx.cos, ctx.sin, cache ? &*cache : nullptr, &stored);
+    if (cache && !stored) {  // the caller's attention reads the cache: store this step's keys and values
+      const auto B = k.size(0), T = k.size(2);
+      write_kv_to_cache(k.transpose(1, 2).reshape({B * T, kv_heads_, head_dim_}),
+                        v.transpose(1, 2).reshape({B * T, kv_heads_, head_dim_}), cache->key_cache, cache->value_cache,
+                        cache->slot_mapping);
+    }
     auto a = ctx.attention ? ctx.attention(layer, q, k, v)
                            : attend(q, k, v, ctx.mask, ctx.causal && !ctx.mask.defined());
     return output(a);

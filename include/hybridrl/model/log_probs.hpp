@@ -114,12 +114,12 @@ inline TokenLogProbs chunked_log_probs(const at::Tensor& hidden, const at::Tenso
       auto logits = at::linear(copy_to_tp(h, pc), weight);
       if (!pc.sharded()) {  // on CUDA: one kernel per row, nothing [tokens, vocab] in fp32 (cuda/fused.hpp)
         const auto V = logits.size(-1);
-        auto [lp, en] = fused::token_log_prob(logits.reshape({-1, V}), lab.reshape({-1}), temp, ent);
-        if (lp.defined()) {
+        auto [flp, fen] = fused::token_log_prob(logits.reshape({-1, V}), lab.reshape({-1}), temp, ent);
+        if (flp.defined()) {
           auto shape = lab.sizes().vec();  // [B, n, 1]
-          if (!ent) return lp.view(shape);
+          if (!ent) return flp.view(shape);
           shape.back() = 2;
-          return at::stack({lp, en}, -1).view(shape);
+          return at::stack({flp, fen}, -1).view(shape);
         }
       }
       logits = logits.to(at::promote_types(logits.scalar_type(), at::kFloat));  // fp32 at least

@@ -247,18 +247,19 @@ class PagedEngine {
           sliding = PagedAttentionMetadata::make(tables, qlens, ctx, options_.block_size(), c.sliding_window, device_, path);
         }
       }
+      // the layers store the step's keys and values (in their rotary kernel on CUDA); fn reads the cache
+      const auto store = kv_write(meta.slot_mapping);
       auto fn = [this, &meta, &sliding, &c, mixed, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k,
                                                          const at::Tensor& v) {
         const auto& m = mixed && c.layer_window(layer) ? sliding : meta;
-        auto kc = kv_[layer][0];
-        auto vc = kv_[layer][1];
         const auto ks = k[0].transpose(0, 1), vs = v[0].transpose(0, 1);
-        write_kv_to_cache(ks, vs, kc, vc, m.slot_mapping);
-        return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale, ks, vs).transpose(0, 1).unsqueeze(0);
+        return paged_attention(q[0].transpose(0, 1), kv_[layer][0], kv_[layer][1], m, scale, ks, vs)
+            .transpose(0, 1)
+            .unsqueeze(0);
       };
       const auto T = static_cast<int64_t>(ids.size());
       auto hidden = decoder->forward_with_attention(at::tensor(ids, at::kLong).view({1, T}).to(device_),
-                                                    at::tensor(pos, at::kLong).view({1, T}).to(device_), fn);
+                                                    at::tensor(pos, at::kLong).view({1, T}).to(device_), fn, &store);
       sched.computed(step);
       // draw for every sequence whose tokens are all in the cache (a leader's followers from its row)
       std::vector<int64_t> rows, who;
@@ -767,15 +768,15 @@ class PagedEngine {
     meta.sliding_window = c.mixed_windows() ? std::nullopt : c.layer_window(0);
     sliding.sliding_window = c.sliding_window;
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-    auto fn = [this, &meta, &sliding, &c, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& v) {
+    // the layers store the step's keys and values in their rotary kernel; fn reads the cache
+    const auto store = kv_write(meta.slot_mapping);
+    auto fn = [this, &meta, &sliding, &c, scale](int64_t layer, const at::Tensor& q, const at::Tensor&,
+                                                const at::Tensor&) {
       const auto& m = c.layer_window(layer) ? sliding : meta;
-      auto kc = kv_[layer][0];
-      auto vc = kv_[layer][1];
-      write_kv_to_cache(k[0].transpose(0, 1), v[0].transpose(0, 1), kc, vc, m.slot_mapping);
-      return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale).transpose(0, 1).unsqueeze(0);
+      return paged_attention(q[0].transpose(0, 1), kv_[layer][0], kv_[layer][1], m, scale).transpose(0, 1).unsqueeze(0);
     };
-    auto hidden = model_->model->forward_with_attention(g.ids.view({1, rows}), io.longs(3, rows).view({1, rows}), fn);
+    auto hidden = model_->model->forward_with_attention(g.ids.view({1, rows}), io.longs(3, rows).view({1, rows}), fn,
+                                                        &store);
     auto logits = model_->logits(hidden[0]);
     SamplingRows sr;
     sr.seeds = io.longs(5, rows);
@@ -786,6 +787,15 @@ class PagedEngine {
     io.log_probs.narrow(0, 0, rows).copy_(drawn.log_probs);
   }
 #endif
+
+  /// Every layer's key and value cache with a step's slots: where the layers store its keys and values.
+  KvWrite kv_write(const at::Tensor& slot_mapping) const {
+    KvWrite w;
+    w.slot_mapping = slot_mapping;
+    w.caches.reserve(static_cast<size_t>(kv_.size(0)));
+    for (int64_t l = 0; l < kv_.size(0); ++l) w.caches.emplace_back(kv_[l][0], kv_[l][1]);
+    return w;
+  }
 
   void copy_blocks(const std::vector<BlockCopy>& copies) {
     if (copies.empty()) return;

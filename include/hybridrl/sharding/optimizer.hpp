@@ -91,6 +91,13 @@ inline double lr_factor(const OptimizerOptions& o, int64_t step, int64_t total_s
   return o.min_lr_ratio() + (1.0 - o.min_lr_ratio()) * shape;
 }
 
+/// The factor clip_grad_norm scales the gradients by for a global norm `norm` (0-d): min(1,
+/// max_norm / (norm + 1e-6)) when the norm is finite, 1 when not (the step is skipped anyway).
+inline at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
+  auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  return at::where(norm.isfinite(), coef, at::ones_like(coef));
+}
+
 /// The global L2 norm of the gradients of `params` (0-d float32, float64 for float64 gradients, on their device; parameters
 /// without a gradient are skipped), and, when `max_norm` > 0, the gradients scaled in place by
 /// min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does. No host
@@ -153,9 +160,7 @@ inline at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double m
   }
   auto norm = sq.sqrt();
   if (max_norm > 0.0) {
-    // finite: min(1, max / (norm + 1e-6)); not finite: 1 (the step is skipped anyway)
-    auto coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-    coef = at::where(norm.isfinite(), coef, at::ones_like(coef));
+    auto coef = clip_coefficient(norm, max_norm);
 #if HYBRIDRL_HAS_FUSED_ADAMW
     if (foreach) {
       at::_foreach_mul_(grads, coef);
@@ -201,10 +206,21 @@ class Optimizer {
   Result step() {
     Result r;
     r.lr = options_.lr() * lr_factor(options_, step_, total_steps_);
-    r.grad_norm = clip_grad_norm(params_, options_.max_grad_norm(), norm_group_, square_weights_, collective_device_);
+    // the fused AdamW kernel divides each gradient by a device scalar as it reads it: the clipping
+    // is folded in there (one pass over the gradients fewer) and applied here only when it cannot be
+    const double max_norm = options_.max_grad_norm();
+    const bool fold = fusable();
+    r.grad_norm = clip_grad_norm(params_, fold ? 0.0 : max_norm, norm_group_, square_weights_, collective_device_);
     r.skipped = !r.grad_norm.isfinite().item<bool>();
     if (!r.skipped) {
-      if (!fused_step(r.lr)) {
+      const auto coef = fold && max_norm > 0.0 ? clip_coefficient(r.grad_norm, max_norm) : at::Tensor();
+      if (!fused_step(r.lr, coef)) {
+        if (coef.defined()) {
+          c10::NoGradGuard no_grad;
+          for (auto& p : params_) {
+            if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().device(), p.grad().scalar_type()));
+          }
+        }
         for (auto& group : adam_->param_groups()) group.options().set_lr(r.lr);
         adam_->step();
       }
@@ -303,19 +319,32 @@ class Optimizer {
   /// nothing, when it does not. The AdamW state lives in adam_'s map as LibTorch's step creates it;
   /// the float32 step counts the kernel reads stay on the device beside a host copy of what they
   /// hold, refreshed from the state when the two disagree (a loaded state), so no step synchronises.
-  bool fused_step([[maybe_unused]] double lr) {
+  /// Whether fused_step will take this step's gradients (every parameter with one qualifies).
+  [[nodiscard]] bool fusable() const {
 #if HYBRIDRL_HAS_FUSED_ADAMW
     if (!fused_) return false;
-    std::vector<size_t> live;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i];
+    for (const auto& p : params_) {
       const auto& g = p.grad();
       if (!g.defined()) continue;
       if (!p.is_cuda() || g.is_sparse() || g.scalar_type() != p.scalar_type() || !p.is_contiguous() ||
           !g.is_contiguous() || !at::isFloatingType(p.scalar_type())) {
         return false;
       }
-      live.push_back(i);
+    }
+    return true;
+#else
+    return false;
+#endif
+  }
+
+  /// `clip` (0-d, or undefined: none): the factor to scale the gradients by, which the kernel
+  /// applies as it reads them (it divides by 1 / clip) and writes back scaled.
+  bool fused_step([[maybe_unused]] double lr, [[maybe_unused]] const at::Tensor& clip = {}) {
+#if HYBRIDRL_HAS_FUSED_ADAMW
+    if (!fusable()) return false;
+    std::vector<size_t> live;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].grad().defined()) live.push_back(i);
     }
     if (live.empty()) return true;  // nothing has a gradient: LibTorch's step would do nothing too
     auto& state = adam_->state();
@@ -352,10 +381,13 @@ class Optimizer {
       l.s.push_back(device_steps_[i]);
     }
     c10::NoGradGuard no_grad;
+    const auto inv_clip = clip.defined() ? (1.0 / clip.to(at::kFloat)) : at::Tensor();
     for (auto& [where, l] : groups) {
       at::_foreach_add_(l.s, 1.0);
+      std::optional<at::Tensor> scale;
+      if (inv_clip.defined()) scale = inv_clip.to(l.p.front().device());
       detail::compat::fused_adamw(l.p, l.g, l.m, l.v, l.s, lr, options_.beta1(), options_.beta2(),
-                                  options_.weight_decay(), options_.eps());
+                                  options_.weight_decay(), options_.eps(), scale);
     }
     return true;
 #else
