@@ -315,10 +315,6 @@ class Optimizer {
   }
 
  private:
-  /// AdamW through compat::fused_adamw when it applies (see set_fused): false, having done
-  /// nothing, when it does not. The AdamW state lives in adam_'s map as LibTorch's step creates it;
-  /// the float32 step counts the kernel reads stay on the device beside a host copy of what they
-  /// hold, refreshed from the state when the two disagree (a loaded state), so no step synchronises.
   /// Whether fused_step will take this step's gradients (every parameter with one qualifies).
   [[nodiscard]] bool fusable() const {
 #if HYBRIDRL_HAS_FUSED_ADAMW
@@ -337,8 +333,13 @@ class Optimizer {
 #endif
   }
 
+  /// AdamW through compat::fused_adamw when it applies (see set_fused): false, having done
+  /// nothing, when it does not. The AdamW state lives in adam_'s map as LibTorch's step creates it;
+  /// the float32 step counts the kernel reads stay on the device beside a host copy of what they
+  /// hold, refreshed from the state when the two disagree (a loaded state), so no step synchronises.
   /// `clip` (0-d, or undefined: none): the factor to scale the gradients by, which the kernel
-  /// applies as it reads them (it divides by 1 / clip) and writes back scaled.
+  /// applies as it reads them (AMP's grad_scale: it divides by 1 / clip; the gradients are zeroed
+  /// after the step either way).
   bool fused_step([[maybe_unused]] double lr, [[maybe_unused]] const at::Tensor& clip = {}) {
 #if HYBRIDRL_HAS_FUSED_ADAMW
     if (!fusable()) return false;
