@@ -11,6 +11,7 @@
 #                                        # builds the base beside ($AB_BASE, default
 #                                        # /tmp/hybridrl-ab-base), then runs each benchmark base,
 #                                        # then new; JSON lines tagged "ab" on stdout and $OUT/ab.jsonl
+#                                        # (AB_REUSE=1: keep a base built by an earlier call there)
 # Benchmarks: generate-160m generate-1b (Rollout<Paged>, B = 256) update-160m update-1b (16 x 1024
 # tokens, AdamW) grpo-160m (3 steps); default: the first four.
 set -euo pipefail
@@ -42,15 +43,27 @@ case "$cmd" in
     base=${AB_BASE:-/tmp/hybridrl-ab-base}
     benches=("$@")
     ((${#benches[@]} == 0)) && benches=(generate-160m generate-1b update-160m update-1b)
-    rm -rf "$base" && mkdir -p "$base"
-    tar --exclude='./build*' --exclude=./.ab-base --exclude=./gpu-logs -cf - . | (cd "$base" && tar xf -)
-    cp -a .ab-base/files/. "$base/"
-    while read -r f; do rm -f "$base/$f"; done < .ab-base/removed
-    TORCH_PREFIX=${TORCH_PREFIX:-$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')}
+    targets=()  # the bench programs the benchmarks need
+    for b in "${benches[@]}"; do
+      case "$b" in
+        generate-*) t=bench_rollout ;;
+        update-* | grpo-*) t=bench_train ;;
+        *) echo "unknown benchmark '$b' (generate-160m generate-1b update-160m update-1b grpo-160m ...)" >&2; exit 2 ;;
+      esac
+      [[ " ${targets[*]} " == *" $t "* ]] || targets+=("$t")
+    done
+    if [[ ${AB_REUSE:-0} != 1 || ! -d $base/build/bench ]]; then
+      rm -rf "$base" && mkdir -p "$base"
+      tar --exclude='./build*' --exclude=./.ab-base --exclude=./gpu-logs -cf - . | (cd "$base" && tar xf -)
+      cp -a .ab-base/files/. "$base/"
+      while read -r f; do rm -f "$base/$f"; done < .ab-base/removed
+      TORCH_PREFIX=${TORCH_PREFIX:-$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')}
+      cmake -S "$base" -B "$base/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX" \
+        -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} > "$OUT/ab-configure.log" 2>&1
+    fi
     t0=$(date +%s)
-    cmake -S "$base" -B "$base/build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$TORCH_PREFIX" \
-      -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} > "$OUT/ab-configure.log" 2>&1
-    cmake --build "$base/build" -j "$(nproc)" --target bench_rollout bench_train > "$OUT/ab-build.log" 2>&1
+    cmake --build "$base/build" -j "$(nproc)" --target "${targets[@]}" > "$OUT/ab-build.log" 2>&1 ||
+      { echo "the base did not build: $OUT/ab-build.log" >&2; tail -20 "$OUT/ab-build.log" >&2; exit 1; }
     echo "base ($(cat .ab-base/ref)) built in $(($(date +%s) - t0)) s" >&2
     for b in "${benches[@]}"; do
       for which in base new; do
@@ -60,7 +73,6 @@ case "$cmd" in
           generate-*) run=(env BENCH_GENERATE_ENGINES=paged "$dir/bench_rollout" generate "${b#generate-}" 256) ;;
           update-*) run=("$dir/bench_train" update "${b#update-}" 16) ;;
           grpo-*) run=("$dir/bench_train" grpo "${b#grpo-}" 3) ;;
-          *) echo "unknown benchmark '$b' (generate-160m generate-1b update-160m update-1b grpo-160m ...)" >&2; exit 2 ;;
         esac
         "${run[@]}" 2> "$OUT/ab-$b-$which.err" | grep '^{' | sed "s/^{/{\"ab\": \"$which\", /" | tee -a "$OUT/ab.jsonl" ||
           echo "{\"ab\": \"$which\", \"bench\": \"$b\", \"error\": \"exit status, see ab-$b-$which.err\"}" | tee -a "$OUT/ab.jsonl"
