@@ -249,13 +249,12 @@ class PagedEngine {
       }
       // the layers store the step's keys and values (in their rotary kernel on CUDA); fn reads the cache
       const auto store = kv_write(meta.slot_mapping);
-      auto fn = [this, &meta, &sliding, &c, mixed, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k,
-                                                         const at::Tensor& v) {
+      auto fn = [&store, &meta, &sliding, &c, mixed, scale](int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v) {
         const auto& m = mixed && c.layer_window(layer) ? sliding : meta;
+        const auto& [kc, vc] = store.caches[static_cast<size_t>(layer)];
         const auto ks = k[0].transpose(0, 1), vs = v[0].transpose(0, 1);
-        return paged_attention(q[0].transpose(0, 1), kv_[layer][0], kv_[layer][1], m, scale, ks, vs)
-            .transpose(0, 1)
-            .unsqueeze(0);
+        return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale, ks, vs).transpose(0, 1).unsqueeze(0);
       };
       const auto T = static_cast<int64_t>(ids.size());
       auto hidden = decoder->forward_with_attention(at::tensor(ids, at::kLong).view({1, T}).to(device_),
@@ -770,10 +769,11 @@ class PagedEngine {
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
     // the layers store the step's keys and values in their rotary kernel; fn reads the cache
     const auto store = kv_write(meta.slot_mapping);
-    auto fn = [this, &meta, &sliding, &c, scale](int64_t layer, const at::Tensor& q, const at::Tensor&,
-                                                const at::Tensor&) {
+    auto fn = [&store, &meta, &sliding, &c, scale](int64_t layer, const at::Tensor& q, const at::Tensor&,
+                                                  const at::Tensor&) {
       const auto& m = c.layer_window(layer) ? sliding : meta;
-      return paged_attention(q[0].transpose(0, 1), kv_[layer][0], kv_[layer][1], m, scale).transpose(0, 1).unsqueeze(0);
+      const auto& [kc, vc] = store.caches[static_cast<size_t>(layer)];
+      return paged_attention(q[0].transpose(0, 1), kc, vc, m, scale).transpose(0, 1).unsqueeze(0);
     };
     auto hidden = model_->model->forward_with_attention(g.ids.view({1, rows}), io.longs(3, rows).view({1, rows}), fn,
                                                         &store);
