@@ -192,49 +192,42 @@ __global__ void rms_norm_vec_kernel(const T* __restrict__ x, const T* __restrict
 // A block walks rows blockIdx.x, + gridDim.x, …, keeping its share of dw in registers, and writes
 // it to dw_partial [gridDim.x, dim] (float): the caller sums the blocks. One read of h and dy per
 // row; the weights read once per block.
-template <class T, int P>
+template <class T>
 __global__ void __launch_bounds__(1024) rms_norm_backward_vec_kernel(const T* __restrict__ h, const T* __restrict__ dy,
                                              const T* __restrict__ dres, const T* __restrict__ weight,
                                              const float* __restrict__ rstd, T* __restrict__ dx,
                                              float* __restrict__ dw_partial, int64_t rows, int64_t dim) {
+  // one 16-byte pack of the row per thread (rows up to 1024 packs; wider rows take LibTorch's
+  // kernel: four packs a thread ran out of registers at 1024 threads)
   constexpr int N = 16 / sizeof(T);
   __shared__ float slots[2][32];
-  const int chunks = static_cast<int>(dim / N);
+  const int c = threadIdx.x;
+  const bool live = c < static_cast<int>(dim / N);
   const int warps = blockDim.x / 32;
-  float w[P][N], acc[P][N];
+  float w[N], acc[N];
+  if (live) unpack16<T>(*reinterpret_cast<const uint4*>(weight + c * N), w);
 #pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int c = threadIdx.x + p * blockDim.x;
-    if (c < chunks) unpack16<T>(*reinterpret_cast<const uint4*>(weight + c * N), w[p]);
-#pragma unroll
-    for (int k = 0; k < N; ++k) acc[p][k] = 0.0f;
-  }
+  for (int k = 0; k < N; ++k) acc[k] = 0.0f;
   int turn = 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, turn ^= 1) {
     const int64_t base = row * dim;
     const float r = rstd[row];
-    float xh[P][N], g[P][N];
+    float xh[N], g[N];
     float dot = 0.0f;
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int c = threadIdx.x + p * blockDim.x;
-      if (c >= chunks) continue;
+    if (live) {
       float hv[N], dv[N];
       unpack16<T>(*reinterpret_cast<const uint4*>(h + base + c * N), hv);
       unpack16<T>(*reinterpret_cast<const uint4*>(dy + base + c * N), dv);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        xh[p][k] = hv[k] * r;
-        g[p][k] = dv[k] * w[p][k];
-        dot += g[p][k] * xh[p][k];
-        acc[p][k] += dv[k] * round_to<T>(xh[p][k]);
+        xh[k] = hv[k] * r;
+        g[k] = dv[k] * w[k];
+        dot += g[k] * xh[k];
+        acc[k] += dv[k] * round_to<T>(xh[k]);
       }
     }
     const float mean = block_sum_once(dot, slots[turn], warps) * (1.0f / static_cast<float>(dim));
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      const int c = threadIdx.x + p * blockDim.x;
-      if (c >= chunks) continue;
+    if (live) {
       float o[N];
       if (dres != nullptr) {
         unpack16<T>(*reinterpret_cast<const uint4*>(dres + base + c * N), o);
@@ -243,17 +236,14 @@ __global__ void __launch_bounds__(1024) rms_norm_backward_vec_kernel(const T* __
         for (int k = 0; k < N; ++k) o[k] = 0.0f;
       }
 #pragma unroll
-      for (int k = 0; k < N; ++k) o[k] += r * (g[p][k] - xh[p][k] * mean);
+      for (int k = 0; k < N; ++k) o[k] += r * (g[k] - xh[k] * mean);
       *reinterpret_cast<uint4*>(dx + base + c * N) = pack16<T>(o);
     }
   }
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int c = threadIdx.x + p * blockDim.x;
-    if (c >= chunks) continue;
+  if (live) {
     float* d = dw_partial + static_cast<int64_t>(blockIdx.x) * dim + c * N;
 #pragma unroll
-    for (int k = 0; k < N; k += 4) *reinterpret_cast<float4*>(d + k) = make_float4(acc[p][k], acc[p][k + 1], acc[p][k + 2], acc[p][k + 3]);
+    for (int k = 0; k < N; k += 4) *reinterpret_cast<float4*>(d + k) = make_float4(acc[k], acc[k + 1], acc[k + 2], acc[k + 3]);
   }
 }
 
@@ -781,7 +771,7 @@ int launch_rms_norm_backward(const void* h, const void* grad_out, const void* gr
                                       static_cast<const T*>(grad_residual), static_cast<const T*>(weight), rstd,
                                       static_cast<T*>(grad_in), grad_weight_partial, rows, dim);
     const auto g = static_cast<unsigned>(blocks);
-    std::apply([&](auto... a) { rms_norm_backward_vec_kernel<T, 1><<<g, threads, 0, s>>>(a...); }, args);
+    std::apply([&](auto... a) { rms_norm_backward_vec_kernel<T><<<g, threads, 0, s>>>(a...); }, args);
     return static_cast<int>(cudaGetLastError());
   });
 }
