@@ -29,8 +29,8 @@ endfunction()
 #     Defines hybridrl::presets (STATIC, once per build): the explicit instantiations of the preset
 #     trainers of <hybridrl/trainer/presets.hpp> (PPOTrainer, GRPOTrainer, NaivePPOTrainer,
 #     NaiveGRPOTrainer, DPOTrainer, KTOTrainer, SFTTrainer) and of their fit loops, compiled once in
-#     this build from the source shipped with hybridrl (three files that build side by side, ~50 s
-#     each). Targets that link it see HYBRIDRL_EXTERN_PRESETS and do not instantiate them again: a
+#     this build from the source shipped with hybridrl (four files that build side by side, ~60 s
+#     each at -O2). Targets that link it see HYBRIDRL_EXTERN_PRESETS and do not instantiate them again: a
 #     program that trains a preset compiles in seconds. Call it after hybridrl_add_cuda_kernels()
 #     where the build has CUDA: the presets then link hybridrl::cuda (their generation runs the
 #     kernels, and every user of a preset must see the same HYBRIDRL_HAS_CUDA_KERNELS).
@@ -50,4 +50,10 @@ function(hybridrl_add_presets)
   endif()
   target_compile_definitions(hybridrl_presets PUBLIC HYBRIDRL_EXTERN_PRESETS=1)
   hybridrl_use_torch_pch(hybridrl_presets)
+  # -O2 under a release build's -O3: the fit loops are orchestration (their compute runs in
+  # LibTorch and the CUDA kernels), and -O3's extra inlining cost a third more compile time
+  # (grpo.cpp 98 s at -O3, 63 s at -O2, GCC 12) for nothing the benchmarks could see
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(hybridrl_presets PRIVATE $<$<NOT:$<CONFIG:Debug>>:-O2>)
+  endif()
 endfunction()
