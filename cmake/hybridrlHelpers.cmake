@@ -51,8 +51,8 @@ function(hybridrl_add_presets)
   target_compile_definitions(hybridrl_presets PUBLIC HYBRIDRL_EXTERN_PRESETS=1)
   hybridrl_use_torch_pch(hybridrl_presets)
   # -O2 under a release build's -O3: the fit loops are orchestration (their compute runs in
-  # LibTorch and the CUDA kernels), and -O3's extra inlining cost a third more compile time
-  # (grpo.cpp 98 s at -O3, 63 s at -O2, GCC 12) for nothing the benchmarks could see
+  # LibTorch and the CUDA kernels; a decode step's host work overlaps the GPU's), and -O3's extra
+  # inlining cost a third more compile time (grpo.cpp 98 s at -O3, 63 s at -O2, GCC 12)
   if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     target_compile_options(hybridrl_presets PRIVATE $<$<NOT:$<CONFIG:Debug>>:-O2>)
   endif()
