@@ -1,6 +1,16 @@
 # CMake helpers for projects that use hybridrl (installed with the package, and used by
 # hybridrl's own build).
 #
+#   hybridrl_optimize_at(<target> <level>)
+#     Compiles <target> at -O<level> instead of the build type's level, except in Debug (GCC and
+#     Clang; a no-op elsewhere). The shared precompiled header (built at the build type's level)
+#     stays valid as long as both levels are ≥ 1: both define __OPTIMIZE__.
+function(hybridrl_optimize_at target level)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${target} PRIVATE $<$<NOT:$<CONFIG:Debug>>:-O${level}>)
+  endif()
+endfunction()
+
 #   hybridrl_use_torch_pch(<target>)
 #     Compiles <target> against one precompiled header, built once per build tree (target
 #     hybridrl_torch_pch) and reused by every target that asks: hybridrl's headers with the LibTorch
@@ -53,7 +63,5 @@ function(hybridrl_add_presets)
   # -O2 under a release build's -O3: the fit loops are orchestration (their compute runs in
   # LibTorch and the CUDA kernels; a decode step's host work overlaps the GPU's), and -O3's extra
   # inlining cost a third more compile time (grpo.cpp 98 s at -O3, 63 s at -O2, GCC 12)
-  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-    target_compile_options(hybridrl_presets PRIVATE $<$<NOT:$<CONFIG:Debug>>:-O2>)
-  endif()
+  hybridrl_optimize_at(hybridrl_presets 2)
 endfunction()
