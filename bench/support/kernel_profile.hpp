@@ -41,7 +41,7 @@ inline void start_kernel_profile() {
   using torch::profiler::impl::ActivityType;
   using torch::profiler::impl::ProfilerConfig;
   using torch::profiler::impl::ProfilerState;
-  const ProfilerConfig cfg(ProfilerState::KINETO);
+  const ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/true);  // shapes: trace_ops.py
   const std::set<ActivityType> acts{ActivityType::CPU, ActivityType::CUDA};
   prof::prepareProfiler(cfg, acts);
   prof::enableProfiler(cfg, acts);

@@ -249,14 +249,15 @@ __global__ void __launch_bounds__(1024) rms_norm_backward_vec_kernel(const T* __
 
 // ---- rotary embeddings of q and k (and v's copy) ----
 // Rows of q [tokens, heads, D], k and v [tokens, kv_heads, D] are read `*_stride` elements apart
-// (the slices of one fused q|k|v projection, or separate tensors) and written contiguous (in
-// place when out == in): x_i ← x_i cos_i − x_{i+D/2} sin_i, x_{i+D/2} ← x_{i+D/2} cos_{i+D/2} +
+// (the slices of one fused q|k|v projection, or separate tensors) and written `*_out_stride`
+// apart (contiguous tensors, or the slices of one fused gradient; in place when out == in): x_i ← x_i cos_i − x_{i+D/2} sin_i, x_{i+D/2} ← x_{i+D/2} cos_{i+D/2} +
 // x_i sin_{i+D/2}, each product and the sum rounded to T (HF's rotate_half form as eager ops
 // compute it; __fmul_rn keeps the compiler from contracting a product and the sum into an FMA,
 // which rounds once). cos / sin [tokens, D]. One block per token; q's heads, then k's, then v's.
 template <class T>
 __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t q_stride, int64_t k_stride,
-                            int64_t v_stride, T* q_out, T* k_out, T* v_out, const T* __restrict__ cos,
+                            int64_t v_stride, T* q_out, T* k_out, T* v_out, int64_t q_out_stride,
+                            int64_t k_out_stride, int64_t v_out_stride, const T* __restrict__ cos,
                             const T* __restrict__ sin, int heads, int kv_heads, int head_dim, T* key_cache,
                             T* value_cache, const int64_t* __restrict__ slots, int64_t num_slots) {
   const int64_t token = blockIdx.x;
@@ -273,7 +274,7 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
     const bool is_q = head < heads;
     const int h = is_q ? head : head - heads;
     const T* x = (is_q ? q_in + token * q_stride : k_in + token * k_stride) + h * head_dim;
-    T* y = (is_q ? q_out + token * heads * head_dim : k_out + token * kv_heads * head_dim) + h * head_dim;
+    T* y = (is_q ? q_out + token * q_out_stride : k_out + token * k_out_stride) + h * head_dim;
     const float a = to_f<T>(x[i]), b = to_f<T>(x[i + half]);
     const float lo = round_to<T>(round_to<T>(__fmul_rn(a, to_f<T>(c[i]))) + round_to<T>(__fmul_rn(-b, to_f<T>(s[i]))));
     const float hi =
@@ -288,7 +289,7 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
   if (v_in != nullptr) {
     const int n = kv_heads * head_dim;
     for (int e = threadIdx.x; e < n; e += blockDim.x) {
-      v_out[token * n + e] = v_in[token * v_stride + e];
+      v_out[token * v_out_stride + e] = v_in[token * v_stride + e];
       if (vc != nullptr) vc[e] = v_in[token * v_stride + e];
     }
   }
@@ -301,7 +302,8 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
 // The arithmetic per element is the kernel above's: bit-identical results.
 template <class T>
 __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t q_stride, int64_t k_stride,
-                                int64_t v_stride, T* q_out, T* k_out, T* v_out, const T* __restrict__ cos,
+                                int64_t v_stride, T* q_out, T* k_out, T* v_out, int64_t q_out_stride,
+                                int64_t k_out_stride, int64_t v_out_stride, const T* __restrict__ cos,
                                 const T* __restrict__ sin, int64_t tokens, int heads, int kv_heads, int head_dim,
                                 T* key_cache, T* value_cache, const int64_t* __restrict__ slots, int64_t num_slots) {
   constexpr int N = 16 / sizeof(T);
@@ -319,7 +321,7 @@ __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int
     if (w >= per_token) {  // v's copy
       const int e = (w - per_token) * N;
       const P val = *reinterpret_cast<const P*>(v_in + token * v_stride + e);
-      *reinterpret_cast<P*>(v_out + token * kv_heads * head_dim + e) = val;
+      *reinterpret_cast<P*>(v_out + token * v_out_stride + e) = val;
       if (slot >= 0) *reinterpret_cast<P*>(value_cache + slot * kv_heads * head_dim + e) = val;
       continue;
     }
@@ -327,7 +329,7 @@ __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int
     const bool is_q = head < heads;
     const int h = is_q ? head : head - heads;
     const T* x = (is_q ? q_in + token * q_stride : k_in + token * k_stride) + h * head_dim;
-    T* y = (is_q ? q_out + token * heads * head_dim : k_out + token * kv_heads * head_dim) + h * head_dim;
+    T* y = (is_q ? q_out + token * q_out_stride : k_out + token * k_out_stride) + h * head_dim;
     const T* c = cos + token * head_dim;
     const T* sn = sin + token * head_dim;
     P xa = *reinterpret_cast<const P*>(x + i0), xb = *reinterpret_cast<const P*>(x + i0 + half);
@@ -395,30 +397,34 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate, const T* __restrict_
 // The backward of out = silu(g) · u, in float from the T inputs, each gradient rounded once:
 //   ∂u = ∂out · silu(g),   ∂g = ∂out · u · σ(g) · (1 + g · (1 − σ(g)))
 // (the eager backward rounds ∂out · u and ∂out · silu(g) to T first: this is one rounding
-// closer to the exact gradient). All n elements contiguous.
+// closer to the exact gradient). gate / up rows `in_stride` elements apart, their gradients'
+// `out_stride` apart (separate tensors, or the halves of one fused gate|up projection and of its
+// gradient), grad_out [rows, cols] contiguous; a block row per matrix row, as the forward.
 template <class T, int N>
-__global__ void silu_mul_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up,
+__global__ void silu_mul_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up, int64_t in_stride,
                                          const T* __restrict__ grad_out, T* __restrict__ grad_gate,
-                                         T* __restrict__ grad_up, int64_t n) {
-  const int64_t groups = n / N;
-  const auto* g = reinterpret_cast<const Pack<T, N>*>(gate);
-  const auto* u = reinterpret_cast<const Pack<T, N>*>(up);
-  const auto* d = reinterpret_cast<const Pack<T, N>*>(grad_out);
-  auto* dg = reinterpret_cast<Pack<T, N>*>(grad_gate);
-  auto* du = reinterpret_cast<Pack<T, N>*>(grad_up);
-  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < groups;
-       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Pack<T, N> gv = g[c], uv = u[c], dv = d[c];
-    Pack<T, N> gg, gu;
+                                         T* __restrict__ grad_up, int64_t out_stride, int64_t rows, int64_t cols) {
+  const int64_t groups = cols / N;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const auto* g = reinterpret_cast<const Pack<T, N>*>(gate + r * in_stride);
+    const auto* u = reinterpret_cast<const Pack<T, N>*>(up + r * in_stride);
+    const auto* d = reinterpret_cast<const Pack<T, N>*>(grad_out + r * cols);
+    auto* dg = reinterpret_cast<Pack<T, N>*>(grad_gate + r * out_stride);
+    auto* du = reinterpret_cast<Pack<T, N>*>(grad_up + r * out_stride);
+    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < groups;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const Pack<T, N> gv = g[c], uv = u[c], dv = d[c];
+      Pack<T, N> gg, gu;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const float x = to_f<T>(gv.v[k]), y = to_f<T>(uv.v[k]), dy = to_f<T>(dv.v[k]);
-      const float sig = 1.0f / (1.0f + expf(-x));
-      gu.v[k] = from_f<T>(dy * (x * sig));
-      gg.v[k] = from_f<T>(dy * y * sig * (1.0f + x * (1.0f - sig)));
+      for (int k = 0; k < N; ++k) {
+        const float x = to_f<T>(gv.v[k]), y = to_f<T>(uv.v[k]), dy = to_f<T>(dv.v[k]);
+        const float sig = 1.0f / (1.0f + expf(-x));
+        gu.v[k] = from_f<T>(dy * (x * sig));
+        gg.v[k] = from_f<T>(dy * y * sig * (1.0f + x * (1.0f - sig)));
+      }
+      dg[c] = gg;
+      du[c] = gu;
     }
-    dg[c] = gg;
-    du[c] = gu;
   }
 }
 
@@ -777,9 +783,10 @@ int launch_rms_norm_backward(const void* h, const void* grad_out, const void* gr
 }
 
 int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_stride, int64_t k_stride,
-                int64_t v_stride, void* q_out, void* k_out, void* v_out, const void* cos, const void* sin,
-                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream,
-                void* key_cache, void* value_cache, const int64_t* slot_mapping, int64_t num_slots) {
+                int64_t v_stride, void* q_out, void* k_out, void* v_out, int64_t q_out_stride, int64_t k_out_stride,
+                int64_t v_out_stride, const void* cos, const void* sin, int64_t tokens, int64_t heads,
+                int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream, void* key_cache,
+                void* value_cache, const int64_t* slot_mapping, int64_t num_slots) {
   if (tokens == 0) return 0;
   if (head_dim % 2 != 0 || (v_in == nullptr) != (v_out == nullptr)) return static_cast<int>(cudaErrorInvalidValue);
   if (slot_mapping != nullptr && (key_cache == nullptr || value_cache == nullptr || v_in == nullptr)) {
@@ -791,8 +798,8 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int64_t N = 16 / sizeof(T);
-    const bool vec = (head_dim / 2) % N == 0 && q_stride % N == 0 && k_stride % N == 0 &&
-                     (v_in == nullptr || v_stride % N == 0) && aligned16(q_in) && aligned16(k_in) && aligned16(q_out) &&
+    const bool vec = (head_dim / 2) % N == 0 && q_stride % N == 0 && k_stride % N == 0 && q_out_stride % N == 0 &&
+                     k_out_stride % N == 0 && (v_in == nullptr || (v_stride % N == 0 && v_out_stride % N == 0)) && aligned16(q_in) && aligned16(k_in) && aligned16(q_out) &&
                      aligned16(k_out) && aligned16(cos) && aligned16(sin) &&
                      (v_in == nullptr || (aligned16(v_in) && aligned16(v_out))) &&
                      (slot_mapping == nullptr || (aligned16(key_cache) && aligned16(value_cache)));
@@ -801,15 +808,15 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
       const int64_t blocks = std::min<int64_t>((items + 255) / 256, int64_t{1} << 20);
       rope_vec_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
           static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
-          v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),
-          static_cast<const T*>(sin), tokens, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
+          v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), q_out_stride, k_out_stride,
+          v_out_stride, static_cast<const T*>(cos), static_cast<const T*>(sin), tokens, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
           static_cast<T*>(key_cache), static_cast<T*>(value_cache), slot_mapping, num_slots);
       return static_cast<int>(cudaGetLastError());
     }
     rope_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, static_cast<cudaStream_t>(stream)>>>(
         static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
-        v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), static_cast<const T*>(cos),
-        static_cast<const T*>(sin), static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
+        v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), q_out_stride, k_out_stride,
+        v_out_stride, static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
         static_cast<T*>(key_cache), static_cast<T*>(value_cache), slot_mapping, num_slots);
     return static_cast<int>(cudaGetLastError());
   });
@@ -838,25 +845,27 @@ int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* o
   });
 }
 
-int launch_silu_mul_backward(const void* gate, const void* up, const void* grad_out, void* grad_gate, void* grad_up,
-                             int64_t n, KernelDtype dtype, void* stream) {
-  if (n == 0) return 0;
+int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride, const void* grad_out,
+                             void* grad_gate, void* grad_up, int64_t out_stride, int64_t rows, int64_t cols,
+                             KernelDtype dtype, void* stream) {
+  if (rows == 0 || cols == 0) return 0;
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     constexpr int w = 16 / static_cast<int>(sizeof(T));
-    const bool vec = n % w == 0 && aligned16(gate) && aligned16(up) && aligned16(grad_out) &&
-                     aligned16(grad_gate) && aligned16(grad_up);
-    const int threads = 256;
-    const int64_t groups = vec ? n / w : n;
-    const auto grid = static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 65535 * 8));
+    const bool vec = cols % w == 0 && in_stride % w == 0 && out_stride % w == 0 && aligned16(gate) && aligned16(up) &&
+                     aligned16(grad_out) && aligned16(grad_gate) && aligned16(grad_up);
+    const int threads = 128;
+    const int64_t groups = vec ? cols / w : cols;
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 1024)),
+                    static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+    const auto args = std::make_tuple(static_cast<const T*>(gate), static_cast<const T*>(up), in_stride,
+                                      static_cast<const T*>(grad_out), static_cast<T*>(grad_gate),
+                                      static_cast<T*>(grad_up), out_stride, rows, cols);
+    const auto s = static_cast<cudaStream_t>(stream);
     if (vec) {
-      silu_mul_backward_kernel<T, w><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(grad_out),
-          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+      std::apply([&](auto... a) { silu_mul_backward_kernel<T, w><<<grid, threads, 0, s>>>(a...); }, args);
     } else {
-      silu_mul_backward_kernel<T, 1><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
-          static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(grad_out),
-          static_cast<T*>(grad_gate), static_cast<T*>(grad_up), n);
+      std::apply([&](auto... a) { silu_mul_backward_kernel<T, 1><<<grid, threads, 0, s>>>(a...); }, args);
     }
     return static_cast<int>(cudaGetLastError());
   });

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -234,6 +235,135 @@ TEST_SUITE("cuda/fused") {
       CHECK_FALSE(fused::silu_mul_train(at::randn({2, 8}).cuda(), at::randn({2, 8}).cuda()).defined());
       return 0;
     });
+  }
+
+  TEST_CASE("q|k|v and gate|up from one fused projection in training: the split eager ops, forward and backward") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    at::manual_seed(13);
+    const int64_t N = 77, H = 6, Hkv = 2, D = 64, row = (H + 2 * Hkv) * D, I = 304;
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      CAPTURE(dtype);
+      const auto o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+      auto pos = at::randint(0, 500, {1, N}, o.dtype(at::kLong));
+      ModelConfig c;
+      c.head_dim = D;
+      auto [cos3, sin3] = rope_cos_sin(rope_inverse_frequencies(c), pos, dtype);
+      const auto cos = cos3[0], sin = sin3[0];
+      auto rnd = [&](std::vector<int64_t> shape, double scale = 1.0) {
+        return (at::randn(shape, o.dtype(at::kFloat)) * scale).to(dtype);
+      };
+      const auto qkv0 = rnd({N, row});
+      const auto gq = rnd({N, H, D}), gk = rnd({N, Hkv, D}), gv = rnd({N, Hkv, D});
+      auto run_qkv = [&](bool fused_on) {
+        auto qkv = qkv0.clone().requires_grad_(true);
+        at::Tensor q, k, v;
+        if (fused_on) {
+          std::tie(q, k, v) = fused::qkv_rope_train(qkv, H, Hkv, D, cos, sin);
+          REQUIRE(q.defined());
+          CHECK((q.is_contiguous() && k.is_contiguous() && v.is_contiguous()));
+        } else {
+          const auto parts = qkv.split_with_sizes({H * D, Hkv * D, Hkv * D}, -1);
+          q = apply_rope_rows(parts[0].view({N, H, D}), cos, sin);
+          k = apply_rope_rows(parts[1].view({N, Hkv, D}), cos, sin);
+          v = parts[2].view({N, Hkv, D});
+        }
+        ((q * gq).sum() + (k * gk).sum() + (v * gv).sum()).backward();
+        return std::vector<at::Tensor>{q.detach(), k.detach(), v.detach(), qkv.grad()};
+      };
+      auto f = run_qkv(true), e = run_qkv(false);
+      for (size_t i = 0; i < 3; ++i) CHECK(at::equal(f[i], e[i]));
+      // the gradient: v's copied, q's and k's rotated back (the eager backward sums the two
+      // products' gradients as the kernel does: within one unit in the last place)
+      CHECK(at::equal(f[3].narrow(1, (H + Hkv) * D, Hkv * D), gv.view({N, Hkv * D})));
+      CHECK(max_ulps(f[3], e[3], dtype) <= 1.0);
+
+      // gate|up: the forward of silu(gate) · up on the halves, the backward silu_mul_train's
+      // gradients of the two halves, bit for bit, written into one tensor
+      const auto gu0 = at::cat({rnd({N, I}, 4.0), rnd({N, I})}, 1);
+      const auto go = rnd({N, I});
+      auto gu = gu0.clone().requires_grad_(true);
+      auto out = fused::silu_mul_halves_train(gu);
+      REQUIRE(out.defined());
+      out.backward(go);
+      auto g = gu0.narrow(1, 0, I).contiguous().requires_grad_(true), u = gu0.narrow(1, I, I).contiguous().requires_grad_(true);
+      auto sep = fused::silu_mul_train(g, u);
+      REQUIRE(sep.defined());
+      sep.backward(go);
+      CHECK(at::equal(out.detach(), sep.detach()));
+      CHECK(at::equal(out.detach(), at::silu(gu0.narrow(1, 0, I)) * gu0.narrow(1, I, I)));
+      CHECK(at::equal(gu.grad().narrow(1, 0, I), g.grad()));
+      CHECK(at::equal(gu.grad().narrow(1, I, I), u.grad()));
+    }
+    // where the kernels do not apply: the CPU, switched off
+    CHECK_FALSE(std::get<0>(fused::qkv_rope_train(at::randn({3, 40}), 3, 1, 8, at::randn({3, 8}), at::randn({3, 8}))).defined());
+    CHECK_FALSE(fused::silu_mul_halves_train(at::randn({2, 8})).defined());
+    with_fused(false, [] {
+      CHECK_FALSE(fused::silu_mul_halves_train(at::randn({2, 8}).cuda()).defined());
+      return 0;
+    });
+  }
+
+  TEST_CASE("a model trained with fused q|k|v and gate|up GEMMs: the unfused model's values and gradients") {
+    // fp32 through the padded path (stacked_rows' autograd, split views), and bf16 with padding
+    // through the varlen trunk (qkv_rope_train, silu_mul_halves_train): there no further from
+    // the exact gradients (double, on the CPU, from the same bf16 weights) than the unfused model
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    ModelConfig c;
+    c.vocab_size = 101;
+    c.hidden_size = 128;
+    c.intermediate_size = 192;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    at::manual_seed(22);
+    const auto ids = at::randint(0, c.vocab_size, {3, 11});
+    auto mask = at::ones({3, 11}, at::kLong);
+    mask[1].narrow(0, 0, 4).fill_(0);
+    mask[2].narrow(0, 8, 3).fill_(0);
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      CAPTURE(dtype);
+      const bool padded = dtype == at::kBFloat16;
+      auto make = [&](bool fuse, at::Device dev, at::ScalarType dt) {
+        at::manual_seed(21);
+        CausalLM m(c);
+        m->to(dtype);  // the weights rounded to `dtype` first, then cast (exactly) for the reference
+        m->to(dev, dt);
+        if (fuse) m->model->fuse_projections();
+        m->train();
+        return m;
+      };
+      auto run = [&](CausalLM m) {
+        const auto dev = m->parameters().front().device();
+        auto args = ForwardArgs{};
+        if (padded) args.attention_mask(mask.to(dev));
+        auto lp = token_log_probs(m, ids.to(dev), args).log_probs;
+        const auto valid = (padded ? mask : at::ones_like(mask)).to(dev, lp.scalar_type());
+        (-(lp * valid).sum() / valid.sum()).backward();
+        std::map<std::string, at::Tensor> g;
+        for (const auto& item : m->named_parameters()) g[item.key()] = item.value().grad().to(at::kCPU, at::kDouble);
+        return std::make_pair((lp * valid).detach().to(at::kCPU, at::kDouble), g);
+      };
+      auto [l0, g0] = run(make(false, at::kCUDA, dtype));
+      auto [l1, g1] = run(make(true, at::kCUDA, dtype));
+      auto rel = [](const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+        double worst = 0;
+        for (const auto& [k, g] : b) worst = std::max(worst, ((a.at(k) - g).norm() / g.norm().clamp_min(1e-30)).item<double>());
+        return worst;
+      };
+      if (!padded) {
+        CHECK((l0 - l1).abs().max().item<double>() < 1e-5);
+        CHECK(rel(g1, g0) < 1e-5);
+        continue;
+      }
+      auto [le, ge] = run(make(false, at::kCPU, at::kDouble));
+      const double e_plain = rel(g0, ge), e_fused = rel(g1, ge);
+      CAPTURE(e_plain);
+      CAPTURE(e_fused);
+      CHECK((l1 - le).abs().max().item<double>() < 0.1);
+      CHECK(e_fused < 0.05);
+      CHECK(e_fused <= e_plain * 1.25);
+    }
   }
 
   TEST_CASE("RMSNorm and the residual add + RMSNorm: within one unit in the last place of the eager ops") {

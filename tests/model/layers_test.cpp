@@ -3,6 +3,7 @@
 #include <torch/utils.h>
 
 #include <cmath>
+#include <map>
 #include <numbers>
 
 #include "hybridrl/model/model.hpp"
@@ -283,6 +284,72 @@ TEST_SUITE("model/forward_modes") {
     auto want_t = (logits / 0.7).log_softmax(-1).gather(-1, ids.narrow(1, 1, 8).unsqueeze(-1)).squeeze(-1);
     CHECK(max_diff(lt.log_probs.narrow(1, 1, 8), want_t) < 1e-10);
     CHECK_FALSE(lt.entropy.defined());
+  }
+
+  TEST_CASE("stacked_rows: parameters lying back to back as one tensor, no copy, the gradient split back") {
+    auto base = torch::randn({5, 3}, at::kDouble);
+    auto a = base.narrow(0, 0, 2).detach().requires_grad_(true);  // leaves sharing base's storage
+    auto b = base.narrow(0, 2, 3).detach().requires_grad_(true);
+    auto s = stacked_rows({a, b});
+    REQUIRE(s.defined());
+    CHECK(s.sizes() == at::IntArrayRef{5, 3});
+    CHECK(s.data_ptr() == a.data_ptr());  // an alias, not a copy
+    CHECK(at::equal(s, base));
+    CHECK(s.requires_grad());
+    auto w = torch::randn({5, 3}, at::kDouble);
+    (s * w).sum().backward();
+    CHECK(at::equal(a.grad(), w.narrow(0, 0, 2)));
+    CHECK(at::equal(b.grad(), w.narrow(0, 2, 3)));
+    {
+      torch::NoGradGuard ng;
+      CHECK_FALSE(stacked_rows({a, b}).requires_grad());
+    }
+    // not back to back: another order, separate tensors, a gap, another trailing shape, strided
+    CHECK_FALSE(stacked_rows({b, a}).defined());
+    CHECK_FALSE(stacked_rows({a, torch::randn({3, 3}, at::kDouble)}).defined());
+    CHECK_FALSE(stacked_rows({base.narrow(0, 0, 2), base.narrow(0, 3, 2)}).defined());
+    auto flat = torch::randn({12}, at::kDouble);
+    CHECK_FALSE(stacked_rows({flat.narrow(0, 0, 6).view({2, 3}), flat.narrow(0, 6, 6).view({3, 2})}).defined());
+    CHECK(stacked_rows({flat.narrow(0, 0, 6).view({2, 3}), flat.narrow(0, 6, 6).view({2, 3})}).defined());
+    CHECK_FALSE(stacked_rows({base.t().narrow(0, 0, 1), base.t().narrow(0, 1, 1)}).defined());
+  }
+
+  TEST_CASE("one GEMM for q|k|v and one for gate|up in training: the separate projections' values and gradients") {
+    // fuse_projections lays the weights back to back; the layers then run one GEMM each (split
+    // and eager rotary on the CPU) with autograd through stacked_rows: the same forward and
+    // gradients as the three and two GEMMs of the unfused model, to double rounding
+    for (bool bias : {false, true}) {
+      CAPTURE(bias);
+      auto c = tiny_config(false, bias);
+      auto plain = tiny_model(c, 6, at::kDouble), fused = tiny_model(c, 6, at::kDouble);
+      fused->model->fuse_projections();
+      for (auto* m : {&plain, &fused}) (*m)->train();
+      auto& attn = fused->model->layer(0)->self_attn;
+      auto& mlp = fused->model->layer(0)->mlp;
+      CHECK(stacked_rows({attn->q_proj->weight, attn->k_proj->weight, attn->v_proj->weight}).defined());
+      CHECK(stacked_rows({mlp->gate_proj->weight, mlp->up_proj->weight}).defined());
+      auto& pattn = plain->model->layer(0)->self_attn;
+      CHECK_FALSE(stacked_rows({pattn->q_proj->weight, pattn->k_proj->weight, pattn->v_proj->weight}).defined());
+      torch::manual_seed(11);
+      auto ids = torch::randint(0, c.vocab_size, {2, 7});
+      auto mask = torch::ones({2, 7}, at::kLong);
+      mask[0][0] = 0;
+      auto run = [&](CausalLM& m) {
+        auto out = m->forward(ids, ForwardArgs{}.attention_mask(mask));
+        (out.pow(2).mean() + out.select(1, 6).sum()).backward();
+        std::map<std::string, at::Tensor> g;
+        for (const auto& item : m->named_parameters()) g[item.key()] = item.value().grad().clone();
+        return std::make_pair(out.detach(), g);
+      };
+      auto [o0, g0] = run(plain);
+      auto [o1, g1] = run(fused);
+      CHECK(max_diff(o0, o1) < 1e-12);
+      REQUIRE(g0.size() == g1.size());
+      double worst = 0;
+      for (const auto& [k, g] : g0) worst = std::max(worst, max_diff(g, g1.at(k)));
+      CHECK(worst < 1e-12);
+      CHECK(g1.at("model.layers.1.self_attn.k_proj.weight").abs().sum().item<double>() > 0);  // a gradient arrived
+    }
   }
 
   TEST_CASE("activation checkpointing gives the gradients of the plain run") {

@@ -120,6 +120,7 @@ TEST_SUITE("sharding/fsdp_engine") {
     // the same model cast to bf16, trained by hand: the engine must compute exactly this
     auto m16 = fsdp_fixture();
     m16->to(at::kBFloat16);
+    m16->model->fuse_projections();  // one GEMM for q|k|v and gate|up, as the engine's units run them
     auto lp16 = token_log_probs(m16, b.tensor(keys::input_ids),
                                 ForwardArgs{}.attention_mask(b.tensor(keys::attention_mask))
                                     .position_ids(b.tensor(keys::position_ids)))

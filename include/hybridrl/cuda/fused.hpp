@@ -144,7 +144,8 @@ inline bool rope_(at::Tensor& q, at::Tensor& k, const at::Tensor& cos, const at:
   }
   const auto H = q.size(2), Hkv = k.size(2);
   detail::check_launch(cuda::launch_rope(q.data_ptr(), k.data_ptr(), nullptr, H * D, Hkv * D, 0, q.data_ptr(),
-                                         k.data_ptr(), nullptr, cos.data_ptr(), sin.data_ptr(), B * T, H, Hkv, D,
+                                         k.data_ptr(), nullptr, H * D, Hkv * D, 0, cos.data_ptr(), sin.data_ptr(),
+                                         B * T, H, Hkv, D,
                                          *detail::kernel_dtype(q.scalar_type()), detail::stream()),
                        "rope");
   return true;
@@ -198,8 +199,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope(const at::Tensor&
   const auto elem = static_cast<int64_t>(qkv.element_size());
   const auto* base = static_cast<const char*>(qkv.data_ptr());
   detail::check_launch(cuda::launch_rope(base, base + heads * head_dim * elem, base + (heads + kv_heads) * head_dim * elem,
-                                         row, row, row, q.data_ptr(), k.data_ptr(), v.data_ptr(), cos.data_ptr(),
-                                         sin.data_ptr(), B * T, heads, kv_heads, head_dim,
+                                         row, row, row, q.data_ptr(), k.data_ptr(), v.data_ptr(), heads * head_dim,
+                                         kv_heads * head_dim, kv_heads * head_dim, cos.data_ptr(), sin.data_ptr(),
+                                         B * T, heads, kv_heads, head_dim,
                                          *detail::kernel_dtype(qkv.scalar_type()), detail::stream(),
                                          cache != nullptr ? cache->key_cache.data_ptr() : nullptr,
                                          cache != nullptr ? cache->value_cache.data_ptr() : nullptr,
@@ -305,7 +307,8 @@ struct Rope : torch::autograd::Function<Rope> {
     auto qo = at::empty(q.sizes(), q.options()), ko = at::empty(k.sizes(), k.options());
     const auto N = q.size(0), H = q.size(1), Hkv = k.size(1), D = q.size(2);
     check_launch(cuda::launch_rope(q.data_ptr(), k.data_ptr(), nullptr, q.stride(0), k.stride(0), 0, qo.data_ptr(),
-                                   ko.data_ptr(), nullptr, cos.data_ptr(), sin.data_ptr(), N, H, Hkv, D,
+                                   ko.data_ptr(), nullptr, H * D, Hkv * D, 0, cos.data_ptr(), sin.data_ptr(), N, H,
+                                   Hkv, D,
                                    *kernel_dtype(q.scalar_type()), stream()),
                  "rope (training)");
     return {qo, ko};
@@ -349,11 +352,91 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
     const auto& up = saved[1];
     const auto go = grads[0].to(gate.scalar_type()).contiguous();
     auto dg = at::empty_like(gate), du = at::empty_like(up);  // both contiguous
-    check_launch(cuda::launch_silu_mul_backward(gate.data_ptr(), up.data_ptr(), go.data_ptr(), dg.data_ptr(),
-                                                du.data_ptr(), gate.numel(), *kernel_dtype(gate.scalar_type()),
-                                                stream()),
+    const auto cols = gate.size(-1);
+    check_launch(cuda::launch_silu_mul_backward(gate.data_ptr(), up.data_ptr(), cols, go.data_ptr(), dg.data_ptr(),
+                                                du.data_ptr(), cols, gate.numel() / cols, cols,
+                                                *kernel_dtype(gate.scalar_type()), stream()),
                  "silu_mul_backward");
     return {dg, du};
+  }
+};
+
+// silu(gate) · up of one fused gate|up projection [rows, 2 I] (contiguous) as an autograd
+// function: the forward reads the two halves in place (the inference kernel), the backward writes
+// both halves' gradients straight into one [rows, 2 I] tensor — the fused GEMM's gradient, no
+// concatenation; saves gate|up
+struct SiluMulHalves : torch::autograd::Function<SiluMulHalves> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up) {
+    const auto in = gate_up.size(-1), cols = in / 2;
+    auto sizes = gate_up.sizes().vec();
+    sizes.back() = cols;
+    auto out = at::empty(sizes, gate_up.options());
+    const auto* base = static_cast<const char*>(gate_up.data_ptr());
+    check_launch(cuda::launch_silu_mul(base, base + cols * static_cast<int64_t>(gate_up.element_size()), in,
+                                       out.data_ptr(), gate_up.numel() / in, cols, *kernel_dtype(gate_up.scalar_type()),
+                                       stream()),
+                 "silu_mul_halves (training)");
+    ctx->save_for_backward({gate_up});
+    return {out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto gate_up = ctx->get_saved_variables()[0];
+    const auto in = gate_up.size(-1), cols = in / 2;
+    const auto go = grads[0].to(gate_up.scalar_type()).contiguous();
+    auto d = at::empty_like(gate_up);
+    const auto elem = static_cast<int64_t>(gate_up.element_size());
+    const auto* base = static_cast<const char*>(gate_up.data_ptr());
+    auto* dbase = static_cast<char*>(d.data_ptr());
+    check_launch(cuda::launch_silu_mul_backward(base, base + cols * elem, in, go.data_ptr(), dbase, dbase + cols * elem,
+                                                in, gate_up.numel() / in, cols, *kernel_dtype(gate_up.scalar_type()),
+                                                stream()),
+                 "silu_mul_halves_backward");
+    return {d};
+  }
+};
+
+// q, k (rotated) and v of one fused q|k|v projection [N, (H + 2 Hkv) D] (contiguous) as an
+// autograd function: the forward is the inference split-and-rotate kernel; the backward the same
+// kernel in reverse — the gradients of q and k rotated by −θ and v's copied, written straight
+// into one [N, (H + 2 Hkv) D] tensor, the fused GEMM's gradient (no concatenation); saves cos, sin
+struct QkvRope : torch::autograd::Function<QkvRope> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv,
+                                                const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                                                int64_t kv_heads) {
+    const auto N = qkv.size(0), D = cos.size(1), row = qkv.size(1);
+    auto q = at::empty({N, heads, D}, qkv.options());
+    auto k = at::empty({N, kv_heads, D}, qkv.options());
+    auto v = at::empty({N, kv_heads, D}, qkv.options());
+    const auto elem = static_cast<int64_t>(qkv.element_size());
+    const auto* base = static_cast<const char*>(qkv.data_ptr());
+    check_launch(cuda::launch_rope(base, base + heads * D * elem, base + (heads + kv_heads) * D * elem, row, row, row,
+                                   q.data_ptr(), k.data_ptr(), v.data_ptr(), heads * D, kv_heads * D, kv_heads * D,
+                                   cos.data_ptr(), sin.data_ptr(), N, heads, kv_heads, D,
+                                   *kernel_dtype(qkv.scalar_type()), stream()),
+                 "qkv_rope (training)");
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["kv_heads"] = kv_heads;
+    return {q, k, v};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();  // an output unused downstream gets zeros (materialized)
+    const auto heads = ctx->saved_data["heads"].toInt(), kv_heads = ctx->saved_data["kv_heads"].toInt();
+    const auto& cos = saved[0];
+    const auto N = cos.size(0), D = cos.size(1), row = (heads + 2 * kv_heads) * D;
+    const auto dq = grads[0].contiguous(), dk = grads[1].contiguous(), dv = grads[2].contiguous();
+    auto d = at::empty({N, row}, dq.options());
+    const auto elem = static_cast<int64_t>(d.element_size());
+    auto* base = static_cast<char*>(d.data_ptr());
+    const auto neg_sin = -saved[1];
+    check_launch(cuda::launch_rope(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), heads * D, kv_heads * D, kv_heads * D,
+                                   base, base + heads * D * elem, base + (heads + kv_heads) * D * elem, row, row, row,
+                                   cos.data_ptr(), neg_sin.data_ptr(), N, heads, kv_heads, D,
+                                   *kernel_dtype(d.scalar_type()), stream()),
+                 "qkv_rope_backward");
+    return {d, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 }  // namespace detail
@@ -505,6 +588,51 @@ inline std::pair<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Ten
   return {out[0], out[1]};
 #else
   (void)q, (void)k, (void)cos, (void)sin;
+  return {};
+#endif
+}
+
+/// silu(gate) · up of one fused gate|up projection `gate_up` [..., 2 I] (contiguous; gate the
+/// first half of each row) as a differentiable op for training: [..., I], the forward
+/// bit-identical to the eager `at::silu(gate) * up`, the backward silu_mul_train's arithmetic
+/// writing both halves' gradients into one tensor shaped as gate_up (the fused GEMM's gradient
+/// without a concatenation). Undefined where the kernel does not apply (CPU, switched off,
+/// another dtype or layout, an odd last dimension).
+inline at::Tensor silu_mul_halves_train(const at::Tensor& gate_up) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!gate_up.defined() || !gate_up.is_cuda() || !enabled() || !detail::kernel_dtype(gate_up.scalar_type()) ||
+      !gate_up.is_contiguous() || gate_up.dim() == 0 || gate_up.numel() == 0 || gate_up.size(-1) % 2 != 0) {
+    return {};
+  }
+  return detail::SiluMulHalves::apply(gate_up)[0];
+#else
+  (void)gate_up;
+  return {};
+#endif
+}
+
+/// q [N, H, D] and k [N, Hkv, D] rotated and v [N, Hkv, D] (each contiguous) of one fused q|k|v
+/// projection `qkv` [N, (H + 2 Hkv) D] (contiguous) with cos / sin [N, D] (contiguous), as a
+/// differentiable op for training: the forward is qkv_rope's kernel (bit-identical to slicing
+/// and apply_rope_rows' eager ops), the backward rotates q's and k's gradients by −θ and copies
+/// v's, straight into one gradient shaped as qkv (the fused GEMM's, without a concatenation).
+/// Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or layouts).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_rope_train(const at::Tensor& qkv, int64_t heads,
+                                                                     int64_t kv_heads, int64_t head_dim,
+                                                                     const at::Tensor& cos, const at::Tensor& sin) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!qkv.defined() || !qkv.is_cuda() || !enabled() || !detail::kernel_dtype(qkv.scalar_type()) || qkv.dim() != 2 ||
+      !qkv.is_contiguous() || head_dim % 2 != 0 || qkv.size(1) != (heads + 2 * kv_heads) * head_dim ||
+      !cos.defined() || !sin.defined() || cos.dim() != 2 || cos.size(0) != qkv.size(0) || cos.size(1) != head_dim ||
+      sin.sizes() != cos.sizes() || !cos.is_contiguous() || !sin.is_contiguous() ||
+      cos.scalar_type() != qkv.scalar_type() || sin.scalar_type() != qkv.scalar_type() ||
+      cos.device() != qkv.device() || sin.device() != qkv.device()) {
+    return {};
+  }
+  auto out = detail::QkvRope::apply(qkv, cos, sin, heads, kv_heads);
+  return {out[0], out[1], out[2]};
+#else
+  (void)qkv, (void)heads, (void)kv_heads, (void)head_dim, (void)cos, (void)sin;
   return {};
 #endif
 }

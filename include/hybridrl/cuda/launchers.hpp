@@ -66,26 +66,30 @@ int launch_rms_norm_backward(const void* h, const void* grad_out, const void* gr
 
 /// Rotary embeddings (HF's rotate_half form) of q [tokens, heads, head_dim] and k [tokens,
 /// kv_heads, head_dim], rows `q_stride` / `k_stride` elements apart (heads contiguous within a
-/// row), written contiguous to q_out / k_out (in place when they are q_in / k_in); v's rows
-/// (`v_stride` apart) are copied contiguous to v_out when v_in is given. cos / sin [tokens, head_dim].
+/// row), written to q_out / k_out with rows `q_out_stride` / `k_out_stride` apart (in place when
+/// they are q_in / k_in); v's rows (`v_stride` apart) are copied to v_out (`v_out_stride` apart)
+/// when v_in is given. cos / sin [tokens, head_dim].
 /// With `slot_mapping` (int64 [tokens]; −1 = skip the token; v_in given) each token's rotated k
 /// and its v are also stored in row slot_mapping[t] of the paged caches `key_cache` /
 /// `value_cache` (contiguous [num_slots, kv_heads · head_dim]; a slot outside them is skipped):
 /// write_kv_to_cache in the same pass.
 int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_stride, int64_t k_stride,
-                int64_t v_stride, void* q_out, void* k_out, void* v_out, const void* cos, const void* sin,
-                int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream,
-                void* key_cache = nullptr, void* value_cache = nullptr, const int64_t* slot_mapping = nullptr,
+                int64_t v_stride, void* q_out, void* k_out, void* v_out, int64_t q_out_stride, int64_t k_out_stride,
+                int64_t v_out_stride, const void* cos, const void* sin, int64_t tokens, int64_t heads,
+                int64_t kv_heads, int64_t head_dim, KernelDtype dtype, void* stream, void* key_cache = nullptr, void* value_cache = nullptr, const int64_t* slot_mapping = nullptr,
                 int64_t num_slots = 0);
 
 /// out [rows, cols] (contiguous) = silu(gate) * up, gate's and up's rows `in_stride` elements apart.
 int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* out, int64_t rows, int64_t cols,
                     KernelDtype dtype, void* stream);
 
-/// The backward of out = silu(gate) * up over n contiguous elements: grad_gate and grad_up from
-/// grad_out, computed in float and rounded once to the dtype.
-int launch_silu_mul_backward(const void* gate, const void* up, const void* grad_out, void* grad_gate, void* grad_up,
-                             int64_t n, KernelDtype dtype, void* stream);
+/// The backward of out [rows, cols] = silu(gate) * up: grad_gate and grad_up from grad_out
+/// [rows, cols] (contiguous), computed in float and rounded once to the dtype. gate's and up's
+/// rows `in_stride` elements apart, their gradients' `out_stride` apart (the halves of one fused
+/// gate|up projection and of its gradient, or separate tensors: cols).
+int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride, const void* grad_out,
+                             void* grad_gate, void* grad_up, int64_t out_stride, int64_t rows, int64_t cols,
+                             KernelDtype dtype, void* stream);
 
 /// One token per row of `logits` [rows, vocab] (row `row_stride` elements apart): argmax of the
 /// logits (greedy) or of logits · inv_temperature + Gumbel noise from Philox-4x32-10 at counter

@@ -7,6 +7,7 @@
 /// Built with a ParallelContext (model/parallel.hpp), attention holds num_heads / tp_size query
 /// heads and the MLP intermediate_size / tp_size features; at tp_size 1 they are the full layers.
 
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
@@ -126,6 +127,63 @@ inline at::Tensor fuse_rows(std::initializer_list<at::Tensor*> parts) {
   return fused;
 }
 
+namespace detail {
+// The rows of parts that lie back to back in one storage, as one tensor aliasing them (no copy)
+// and differentiable: the backward hands each part its rows of the gradient (slices, no copy)
+struct StackedRows : torch::autograd::Function<StackedRows> {
+  static at::Tensor alias(at::TensorList parts) {
+    auto sizes = parts.front().sizes().vec();
+    sizes[0] = 0;
+    for (const auto& p : parts) sizes[0] += p.size(0);
+    const auto& first = parts.front();
+    return at::empty({0}, first.options()).set_(first.storage(), first.storage_offset(), sizes, first.strides());
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList parts) {
+    std::vector<int64_t> rows;
+    for (const auto& p : parts) rows.push_back(p.size(0));
+    ctx->saved_data["rows"] = rows;
+    return alias(parts);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    torch::autograd::variable_list out;
+    int64_t off = 0;
+    for (const auto r : ctx->saved_data["rows"].toIntVector()) {
+      out.push_back(grads[0].narrow(0, off, r));
+      off += r;
+    }
+    return out;
+  }
+};
+}  // namespace detail
+
+/// `parts` stacked along dim 0 as one tensor without a copy, where they already lie so: each
+/// contiguous, of one dtype, device, storage and trailing shape, and each starting where the one
+/// before ends (fuse_projections' parameters; a sharding engine's unit gathered into one flat
+/// buffer). The result aliases them; with autograd recording it is differentiable, the gradient
+/// of each part its rows of the result's. Undefined otherwise (the caller runs the parts apart).
+inline at::Tensor stacked_rows(std::initializer_list<at::Tensor> parts) {
+  const auto& first = *parts.begin();
+  int64_t expect = 0;
+  bool grad = false;
+  for (const auto& p : parts) {
+    if (!p.defined() || p.dim() == 0 || p.numel() == 0 || !p.is_contiguous() ||
+        p.scalar_type() != first.scalar_type() || p.device() != first.device() ||
+        !p.storage().is_alias_of(first.storage()) || p.sizes().slice(1) != first.sizes().slice(1) ||
+        (&p != &first && p.storage_offset() != expect)) {
+      return {};
+    }
+    expect = p.storage_offset() + p.numel();
+    grad = grad || p.requires_grad();
+  }
+  const at::TensorList list(parts.begin(), parts.size());
+  if (!grad || !c10::GradMode::is_enabled()) {
+    c10::NoGradGuard ng;
+    return detail::StackedRows::alias(list);
+  }
+  return detail::StackedRows::apply(list);
+}
+
 /// Attention over keys/values the caller provides: (layer index, q [B,H,T,D], k, v [B,Hkv,T,D]
 /// after rotary) → [B, H, T, D]. The KV-cache entry point of the rollout: it stores k/v where it
 /// likes (dense or paged) and attends over the cache.
@@ -186,18 +244,25 @@ class AttentionImpl : public torch::nn::Module {
                                                          bool* stored = nullptr) {
     const auto B = x.size(0), T = x.size(1);
     if (stored != nullptr) *stored = false;
-    if (qkv_weight_.defined() && fused::applies(x) && x.scalar_type() == qkv_weight_.scalar_type() &&
-        cos.scalar_type() == x.scalar_type() && fused_still_shared()) {
-      // inference on CUDA: one GEMM for q|k|v, one kernel to split, rotate (and store in the cache)
-      auto [q, k, v] = fused::qkv_rope(at::linear(x, qkv_weight_, qkv_bias_), heads_, kv_heads_, head_dim_, cos, sin, cache);
-      if (q.defined()) {
-        if (stored != nullptr) *stored = cache != nullptr;
-        return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};
+    at::Tensor q, k, v;
+    if (auto qkv = fused_projection(x); qkv.defined()) {
+      if (fused::applies(x) && cos.scalar_type() == x.scalar_type()) {
+        // inference on CUDA: one kernel to split, rotate (and store in the cache)
+        auto [fq, fk, fv] = fused::qkv_rope(qkv, heads_, kv_heads_, head_dim_, cos, sin, cache);
+        if (fq.defined()) {
+          if (stored != nullptr) *stored = cache != nullptr;
+          return {fq.transpose(1, 2), fk.transpose(1, 2), fv.transpose(1, 2)};
+        }
       }
+      const auto parts = qkv.split_with_sizes({heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
+      q = parts[0].view({B, T, heads_, head_dim_});
+      k = parts[1].view({B, T, kv_heads_, head_dim_});
+      v = parts[2].view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+    } else {
+      q = q_proj(x).view({B, T, heads_, head_dim_});
+      k = k_proj(x).view({B, T, kv_heads_, head_dim_});
+      v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
     }
-    auto q = q_proj(x).view({B, T, heads_, head_dim_});
-    auto k = k_proj(x).view({B, T, kv_heads_, head_dim_});
-    auto v = v_proj(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
     if (fused::rope_(q, k, cos, sin)) return {q.transpose(1, 2), k.transpose(1, 2), v};  // inference on CUDA
     return {apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v};
   }
@@ -249,11 +314,21 @@ class AttentionImpl : public torch::nn::Module {
     const auto& vl = *ctx.varlen;
     const auto N = x.size(1);
     at::Tensor q, k, v;
-    if (qkv_weight_.defined() && fused::applies(x) && x.scalar_type() == qkv_weight_.scalar_type() &&
-        ctx.cos.scalar_type() == x.scalar_type() && fused_still_shared()) {
-      auto [fq, fk, fv] = fused::qkv_rope(at::linear(x, qkv_weight_, qkv_bias_), heads_, kv_heads_, head_dim_, ctx.cos,
-                                          ctx.sin);  // inference: one GEMM, one kernel; [1, N, heads, D]
-      if (fq.defined()) q = fq[0], k = fk[0], v = fv[0];
+    if (auto qkv = fused_projection(x); qkv.defined() && ctx.cos.scalar_type() == x.scalar_type()) {
+      // one GEMM for q|k|v, one kernel to split and rotate: [1, N, heads, D] in inference; in
+      // training [N, heads, D], the kernel's backward writing the GEMM's gradient in one pass
+      auto [fq, fk, fv] = fused::qkv_rope(qkv, heads_, kv_heads_, head_dim_, ctx.cos, ctx.sin);
+      if (fq.defined()) {
+        q = fq[0], k = fk[0], v = fv[0];
+      } else {
+        std::tie(q, k, v) = fused::qkv_rope_train(qkv[0], heads_, kv_heads_, head_dim_, ctx.cos[0], ctx.sin[0]);
+      }
+      if (!q.defined()) {
+        const auto parts = qkv[0].split_with_sizes({heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
+        q = apply_rope_rows(parts[0].view({N, heads_, head_dim_}), ctx.cos[0], ctx.sin[0]);
+        k = apply_rope_rows(parts[1].view({N, kv_heads_, head_dim_}), ctx.cos[0], ctx.sin[0]);
+        v = parts[2].view({N, kv_heads_, head_dim_});
+      }
     }
     if (!q.defined()) {
       q = q_proj(x).view({N, heads_, head_dim_});
@@ -274,17 +349,16 @@ class AttentionImpl : public torch::nn::Module {
   }
 #endif
 
-  /// For inference: makes q_proj, k_proj and v_proj's weights (and biases) slices of one
-  /// [(H + 2 Hkv) D, hidden] tensor, so a forward where the fused kernels apply runs one GEMM for
-  /// the three. The parameters keep their names, shapes and values, and writing into them (a
-  /// weight load) writes the fused tensor. Should a parameter be re-pointed later (a device or
-  /// dtype move, a sharding engine's flat buffer), the forward sees it and drops the fused tensor.
-  /// A no-op for a tensor-parallel shard.
+  /// Makes q_proj, k_proj and v_proj's weights (and biases) slices of one [(H + 2 Hkv) D,
+  /// hidden] tensor, so the forward runs one GEMM for the three (see fused_projection). The
+  /// parameters keep their names, shapes and values, and writing into them (a weight load) writes
+  /// the fused tensor. Should a parameter be re-pointed later (a device or dtype move), the
+  /// forward runs the three again. A no-op for a tensor-parallel shard.
   void fuse_projections() {
     if (q_proj->parallel().sharded()) return;
     c10::NoGradGuard ng;
-    qkv_weight_ = fuse_rows({&q_proj->weight, &k_proj->weight, &v_proj->weight});
-    qkv_bias_ = q_proj->bias.defined() ? fuse_rows({&q_proj->bias, &k_proj->bias, &v_proj->bias}) : at::Tensor();
+    fuse_rows({&q_proj->weight, &k_proj->weight, &v_proj->weight});
+    if (q_proj->bias.defined()) fuse_rows({&q_proj->bias, &k_proj->bias, &v_proj->bias});
   }
 
   [[nodiscard]] int64_t num_heads() const noexcept { return heads_; }        ///< query heads (this rank's)
@@ -295,18 +369,19 @@ class AttentionImpl : public torch::nn::Module {
   RowParallelLinear o_proj{nullptr};
 
  private:
-  // the projections' parameters still slices of the fused tensors (nothing re-pointed them)
-  bool fused_still_shared() {
-    const bool same = q_proj->weight.is_alias_of(qkv_weight_) && k_proj->weight.is_alias_of(qkv_weight_) &&
-                      v_proj->weight.is_alias_of(qkv_weight_) &&
-                      (!qkv_bias_.defined() || (q_proj->bias.is_alias_of(qkv_bias_) && k_proj->bias.is_alias_of(qkv_bias_) &&
-                                                v_proj->bias.is_alias_of(qkv_bias_)));
-    if (!same) qkv_weight_ = qkv_bias_ = at::Tensor();  // stale: release its memory
-    return same;
+  // x's q|k|v projection [..., (H + 2 Hkv) D] in one GEMM where q_proj's, k_proj's and v_proj's
+  // weights (and biases) lie back to back in one storage (stacked_rows: after fuse_projections,
+  // or gathered in a sharding engine's flat unit) and share x's dtype; undefined otherwise
+  at::Tensor fused_projection(const at::Tensor& x) {
+    if (q_proj->parallel().sharded() || x.scalar_type() != q_proj->weight.scalar_type()) return {};
+    auto w = stacked_rows({q_proj->weight, k_proj->weight, v_proj->weight});
+    if (!w.defined()) return {};
+    at::Tensor b;
+    if (q_proj->bias.defined() && !(b = stacked_rows({q_proj->bias, k_proj->bias, v_proj->bias})).defined()) return {};
+    return at::linear(x, w, b);
   }
 
   int64_t heads_, kv_heads_, head_dim_;
-  at::Tensor qkv_weight_, qkv_bias_;  // fuse_projections(): [q; k; v] rows, the parameters are slices
 };
 /// Module holder of AttentionImpl.
 TORCH_MODULE(Attention);
@@ -323,11 +398,16 @@ class MLPImpl : public torch::nn::Module {
   }
   /// The MLP of `x` [..., hidden].
   at::Tensor forward(const at::Tensor& x) {
-    if (gate_up_weight_.defined() && fused::applies(x) && x.scalar_type() == gate_up_weight_.scalar_type() &&
-        fused_still_shared()) {
-      // inference on CUDA: one GEMM for gate|up, one kernel for silu(gate) * up
-      auto act = fused::silu_mul_halves(at::linear(x, gate_up_weight_, gate_up_bias_));
-      if (act.defined()) return down_proj(act);
+    if (auto gate_up = fused_projection(x); gate_up.defined()) {
+      // one GEMM for gate|up, one kernel for silu(gate) * up (on CUDA; in training its backward
+      // writes the GEMM's gradient in one pass)
+      auto act = fused::silu_mul_halves(gate_up);
+      if (!act.defined()) act = fused::silu_mul_halves_train(gate_up);
+      if (!act.defined()) {
+        const auto halves = gate_up.chunk(2, -1);
+        act = at::silu(halves[0]) * halves[1];
+      }
+      return down_proj(act);
     }
     auto gate = gate_proj(x), up = up_proj(x);
     auto act = fused::silu_mul(gate, up);                 // inference on CUDA: one kernel
@@ -335,27 +415,29 @@ class MLPImpl : public torch::nn::Module {
     return down_proj(act.defined() ? act : at::silu(gate) * up);
   }
 
-  /// For inference: gate_proj's and up_proj's weights (and biases) become the two halves of one
-  /// [2 I, hidden] tensor, one GEMM for both (as AttentionImpl::fuse_projections).
+  /// gate_proj's and up_proj's weights (and biases) become the two halves of one [2 I, hidden]
+  /// tensor, one GEMM for both (as AttentionImpl::fuse_projections).
   void fuse_projections() {
     if (gate_proj->parallel().sharded()) return;
     c10::NoGradGuard ng;
-    gate_up_weight_ = fuse_rows({&gate_proj->weight, &up_proj->weight});
-    gate_up_bias_ = gate_proj->bias.defined() ? fuse_rows({&gate_proj->bias, &up_proj->bias}) : at::Tensor();
+    fuse_rows({&gate_proj->weight, &up_proj->weight});
+    if (gate_proj->bias.defined()) fuse_rows({&gate_proj->bias, &up_proj->bias});
   }
 
   ColumnParallelLinear gate_proj{nullptr}, up_proj{nullptr};
   RowParallelLinear down_proj{nullptr};
 
  private:
-  bool fused_still_shared() {
-    const bool same = gate_proj->weight.is_alias_of(gate_up_weight_) && up_proj->weight.is_alias_of(gate_up_weight_) &&
-                      (!gate_up_bias_.defined() ||
-                       (gate_proj->bias.is_alias_of(gate_up_bias_) && up_proj->bias.is_alias_of(gate_up_bias_)));
-    if (!same) gate_up_weight_ = gate_up_bias_ = at::Tensor();
-    return same;
+  // x's gate|up projection [..., 2 I] in one GEMM where the two weights (and biases) lie back to
+  // back in one storage and share x's dtype (as AttentionImpl's); undefined otherwise
+  at::Tensor fused_projection(const at::Tensor& x) {
+    if (gate_proj->parallel().sharded() || x.scalar_type() != gate_proj->weight.scalar_type()) return {};
+    auto w = stacked_rows({gate_proj->weight, up_proj->weight});
+    if (!w.defined()) return {};
+    at::Tensor b;
+    if (gate_proj->bias.defined() && !(b = stacked_rows({gate_proj->bias, up_proj->bias})).defined()) return {};
+    return at::linear(x, w, b);
   }
-  at::Tensor gate_up_weight_, gate_up_bias_;  // fuse_projections(): [gate; up] rows
 };
 /// Module holder of MLPImpl.
 TORCH_MODULE(MLP);

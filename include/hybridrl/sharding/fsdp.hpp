@@ -127,6 +127,9 @@ class BasicFSDPEngine {
     model_->train();
     const auto master = model_->parameters().front().scalar_type();
     if (world == 1 && !options_.cpu_offload() && options_.param_dtype() == master) {
+      // q|k|v and gate|up as one GEMM each, as on the units below (their weights lie back to back
+      // in a unit's flat buffer): the same arithmetic on one process as on several
+      model_->model->fuse_projections();
       std::vector<at::Tensor> params;
       for (auto& p : model_->parameters()) {
         if (p.requires_grad()) params.push_back(p);
