@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 
@@ -425,6 +426,40 @@ __global__ void silu_mul_backward_kernel(const T* __restrict__ gate, const T* __
       dg[c] = gg;
       du[c] = gu;
     }
+  }
+}
+
+// ---- AdamW over one fp32 tensor ----
+// torch.optim.AdamW's step (decoupled weight decay, bias-corrected, no amsgrad) in float, the
+// order of torch's fused kernel: g ← g / inv_scale (when given: the clip factor's reciprocal, read
+// on the device), p ← p − lr·wd·p, m ← β1·m + (1 − β1)·g, v ← β2·v + (1 − β2)·g², p ← p −
+// step_size · m / (√v / √bc2 + eps). Reads p, g, m, v and writes p, m, v once (16-byte packs):
+// torch's kernel also writes the scaled gradient back, a fifth pass the step does not need.
+template <int N>
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, int64_t n, float lr_wd, float beta1, float beta2, float eps,
+                             float step_size, float bc2_sqrt, const float* __restrict__ inv_scale) {
+  const float inv = inv_scale != nullptr ? *inv_scale : 1.0f;
+  const int64_t groups = n / N;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < groups;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    Pack<float, N> pp = reinterpret_cast<Pack<float, N>*>(p)[i];
+    const Pack<float, N> gg = reinterpret_cast<const Pack<float, N>*>(g)[i];
+    Pack<float, N> mm = reinterpret_cast<Pack<float, N>*>(m)[i];
+    Pack<float, N> vv = reinterpret_cast<Pack<float, N>*>(v)[i];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float gr = inv_scale != nullptr ? gg.v[k] / inv : gg.v[k];
+      float pr = pp.v[k];
+      pr -= lr_wd * pr;
+      mm.v[k] = beta1 * mm.v[k] + (1.0f - beta1) * gr;
+      vv.v[k] = beta2 * vv.v[k] + (1.0f - beta2) * gr * gr;
+      const float denom = sqrtf(vv.v[k]) / bc2_sqrt + eps;
+      pp.v[k] = pr - step_size * mm.v[k] / denom;
+    }
+    reinterpret_cast<Pack<float, N>*>(p)[i] = pp;
+    reinterpret_cast<Pack<float, N>*>(m)[i] = mm;
+    reinterpret_cast<Pack<float, N>*>(v)[i] = vv;
   }
 }
 
@@ -869,6 +904,29 @@ int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride
     }
     return static_cast<int>(cudaGetLastError());
   });
+}
+
+int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
+                 double beta1, double beta2, double weight_decay, double eps, int64_t step, const float* inv_scale,
+                 void* stream) {
+  if (n == 0) return 0;
+  if (step < 1) return static_cast<int>(cudaErrorInvalidValue);
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  const auto args = std::make_tuple(param, grad, exp_avg, exp_avg_sq, n, static_cast<float>(lr * weight_decay),
+                                    static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
+                                    static_cast<float>(lr / bc1), static_cast<float>(std::sqrt(bc2)), inv_scale);
+  const bool vec = n % 4 == 0 && aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
+  const int threads = 256;
+  const int64_t groups = vec ? n / 4 : n;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 132 * 16));
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (vec) {
+    std::apply([&](auto... a) { adamw_kernel<4><<<blocks, threads, 0, s>>>(a...); }, args);
+  } else {
+    std::apply([&](auto... a) { adamw_kernel<1><<<blocks, threads, 0, s>>>(a...); }, args);
+  }
+  return static_cast<int>(cudaGetLastError());
 }
 
 int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride, float inv_temperature,

@@ -230,6 +230,30 @@ TEST_SUITE("sharding/optimizer") {
     x.mutable_grad() = at::full({4}, 3.0, cuda);
     y.mutable_grad() = at::full({1}, 4.0, cuda);
     CHECK(clip_grad_norm({x, y}, 0.0, nullptr, {0.25, 1.0}).item<double>() == doctest::Approx(std::sqrt(9.0 + 16.0)));
+    // the cases above ran hybridrl's kernel (a few float32 tensors); many tensors take torch's
+    // multi-tensor kernel, and bf16 parameters too: each equals the per-parameter step
+    for (const auto& [count, dtype] : std::vector<std::pair<int, at::ScalarType>>{{70, at::kFloat}, {3, at::kBFloat16}}) {
+      CAPTURE(count);
+      std::vector<at::Tensor> many;
+      for (int i = 0; i < count; ++i) many.push_back(at::randn({9, 4}, cuda).to(dtype));
+      auto p1 = params_from(many), p2 = params_from(many);
+      Optimizer f1(p1, o, 8), f2(p2, o, 8);
+      f2.set_fused(false);
+      for (int t = 0; t < 2; ++t) {
+        for (size_t i = 0; i < p1.size(); ++i) {
+          const auto g = (at::randn({9, 4}, cuda) * 3).to(dtype);
+          p1[i].mutable_grad() = g.clone();
+          p2[i].mutable_grad() = g.clone();
+        }
+        f1.step();
+        f2.step();
+      }
+      double worst = 0;
+      for (size_t i = 0; i < p1.size(); ++i) {
+        worst = std::max(worst, ((p1[i].detach() - p2[i].detach()).abs().max() / p2[i].detach().abs().max()).item<double>());
+      }
+      CHECK(worst <= (dtype == at::kFloat ? 1e-6 : 1e-2));
+    }
   }
 
   TEST_CASE("bad options name the field and the fix") {

@@ -661,7 +661,45 @@ inline std::pair<at::Tensor, at::Tensor> token_log_prob(const at::Tensor& logits
 #endif
 }
 
-/// One draw per row of `logits` [B, V] (rollout/sampler.hpp's rule without top-k / top-p / min-p /
+/// Whether adamw_step's kernel takes `param` with gradient `grad`: float32 on CUDA, contiguous,
+/// one shape, hybridrl::cuda linked and the kernels switched on.
+[[nodiscard]] inline bool adamw_applies(const at::Tensor& param, const at::Tensor& grad) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  return enabled() && param.defined() && grad.defined() && param.is_cuda() && param.scalar_type() == at::kFloat &&
+         grad.scalar_type() == at::kFloat && grad.device() == param.device() && !grad.is_sparse() &&
+         param.is_contiguous() && grad.is_contiguous() && grad.sizes() == param.sizes();
+#else
+  (void)param, (void)grad;
+  return false;
+#endif
+}
+
+/// One AdamW step of `param` (torch.optim.AdamW's formula, `step` ≥ 1 the count this step makes)
+/// from `grad`, updating the moments `exp_avg` / `exp_avg_sq` (float32, param's shape, contiguous)
+/// in place: one kernel reading each tensor once and writing param and the moments once. With
+/// `inv_scale` (0-d float32 on param's device) each gradient is divided by it as it is read (the
+/// clip factor's reciprocal; no host synchronisation). Where adamw_applies.
+inline void adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                       double lr, double beta1, double beta2, double weight_decay, double eps, int64_t step,
+                       const at::Tensor& inv_scale = {}) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  HYBRIDRL_CHECK(adamw_applies(param, grad) && adamw_applies(exp_avg, exp_avg_sq) && exp_avg.sizes() == param.sizes() &&
+                     exp_avg.device() == param.device(),
+                 "fused::adamw_step: parameter, gradient and moments must be contiguous float32 of one shape on one CUDA device",
+                 "check fused::adamw_applies first (the optimizer does)");
+  detail::check_launch(cuda::launch_adamw(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
+                                          exp_avg_sq.data_ptr<float>(), param.numel(), lr, beta1, beta2, weight_decay,
+                                          eps, step, inv_scale.defined() ? inv_scale.data_ptr<float>() : nullptr,
+                                          detail::stream()),
+                       "adamw");
+#else
+  (void)param, (void)grad, (void)exp_avg, (void)exp_avg_sq, (void)lr, (void)beta1, (void)beta2, (void)weight_decay,
+      (void)eps, (void)step, (void)inv_scale;
+  HYBRIDRL_CHECK(false, "fused::adamw_step: not linked with hybridrl::cuda", "check fused::adamw_applies first");
+#endif
+}
+
+/// One draw per row of `logits` [B, V]/// One draw per row of `logits` [B, V] (rollout/sampler.hpp's rule without top-k / top-p / min-p /
 /// banned tokens): {tokens int64 [B], log_probs float [B]}, or undefined tensors where the kernel
 /// does not apply. `temperature` 0 = greedy. seeds / samples / positions: int64 [B] on the device.
 inline std::pair<at::Tensor, at::Tensor> sample(const at::Tensor& logits, double temperature, const at::Tensor& seeds,

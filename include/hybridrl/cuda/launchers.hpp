@@ -91,6 +91,14 @@ int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride
                              void* grad_gate, void* grad_up, int64_t out_stride, int64_t rows, int64_t cols,
                              KernelDtype dtype, void* stream);
 
+/// One AdamW step (torch.optim.AdamW: decoupled weight decay, bias correction at `step` ≥ 1, no
+/// amsgrad) over n float elements in place: param, exp_avg and exp_avg_sq updated from grad, each
+/// read once and the three written once, in float with torch's fused kernel's order of operations.
+/// `inv_scale` (a float on the device, or null): each gradient is divided by it as it is read.
+int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
+                 double beta1, double beta2, double weight_decay, double eps, int64_t step, const float* inv_scale,
+                 void* stream);
+
 /// One token per row of `logits` [rows, vocab] (row `row_stride` elements apart): argmax of the
 /// logits (greedy) or of logits · inv_temperature + Gumbel noise from Philox-4x32-10 at counter
 /// (token / 4, positions[row], samples[row], 0) under key seeds[row] (rollout/sampler.hpp's

@@ -28,6 +28,7 @@
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/core/options.hpp"
+#include "hybridrl/cuda/fused.hpp"
 #include "hybridrl/detail/compat.hpp"
 #include "hybridrl/distributed/communicator.hpp"
 
@@ -248,9 +249,11 @@ class Optimizer {
     collective_device_ = collective_device;
   }
 
-  /// Whether AdamW may run as one multi-tensor kernel per device and dtype (at::_fused_adamw_,
-  /// torch.optim.AdamW(fused=True)) where it applies: LibTorch >= 2.1, parameters and gradients on
-  /// CUDA, contiguous, of one dtype. On by default; the result equals LibTorch's per-parameter AdamW
+  /// Whether AdamW may run as fused kernels where they apply (LibTorch >= 2.1, parameters and
+  /// gradients on CUDA, contiguous, of one dtype): hybridrl's (fused::adamw_step, one launch per
+  /// tensor, each read and written once) for up to 64 float32 tensors — a sharding engine's flat
+  /// slices —, else one multi-tensor kernel per device and dtype (at::_fused_adamw_,
+  /// torch.optim.AdamW(fused=True)). On by default; the result equals LibTorch's per-parameter AdamW
   /// to rounding (the same formula; the state keeps its layout, so state_dict is the same either way).
   void set_fused(bool on) noexcept { fused_ = on; }
 
@@ -333,8 +336,9 @@ class Optimizer {
 #endif
   }
 
-  /// AdamW through compat::fused_adamw when it applies (see set_fused): false, having done
-  /// nothing, when it does not. The AdamW state lives in adam_'s map as LibTorch's step creates it;
+  /// AdamW through hybridrl's kernel (fused::adamw_step: float32, up to 64 tensors) or
+  /// compat::fused_adamw when it applies (see set_fused): false, having done nothing, when neither
+  /// does. The AdamW state lives in adam_'s map as LibTorch's step creates it;
   /// the float32 step counts the kernel reads stay on the device beside a host copy of what they
   /// hold, refreshed from the state when the two disagree (a loaded state), so no step synchronises.
   /// `clip` (0-d, or undefined: none): the factor to scale the gradients by, which the kernel
@@ -352,6 +356,19 @@ class Optimizer {
     using Map = std::decay_t<decltype(state)>;
     device_steps_.resize(params_.size());
     device_step_values_.resize(params_.size(), -1);
+    // float32 parameters, a few tensors (a sharding engine's flat slices: one per layer): hybridrl's
+    // kernel, one launch per tensor, each read once and written once — torch's multi-tensor kernel
+    // also writes the scaled gradients back (a fifth pass); the step counts stay on the host. Many
+    // small tensors (a model's own parameters) keep torch's one launch for all.
+    constexpr size_t own_max_tensors = 64;
+    const bool own = live.size() <= own_max_tensors && std::all_of(live.begin(), live.end(), [&](size_t i) {
+                       return fused::adamw_applies(params_[i], params_[i].grad());
+                     });
+    at::Tensor inv_clip;
+    if (clip.defined()) {
+      c10::NoGradGuard no_grad;
+      inv_clip = 1.0 / clip.to(at::kFloat);
+    }
     struct Lists {
       std::vector<at::Tensor> p, g, m, v, s;
     };
@@ -369,6 +386,16 @@ class Optimizer {
         it = state.find(key);
       }
       auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      if (own) {
+        st.step(st.step() + 1);
+        device_step_values_[i] = -1;  // the device count, if torch's kernel runs later, is made again
+        c10::NoGradGuard no_grad;
+        auto& p = params_[i];
+        auto m = st.exp_avg(), v = st.exp_avg_sq();
+        fused::adamw_step(p, p.grad(), m, v, lr, options_.beta1(), options_.beta2(), options_.weight_decay(),
+                          options_.eps(), st.step(), inv_clip.defined() ? inv_clip.to(p.device()) : at::Tensor());
+        continue;
+      }
       if (!device_steps_[i].defined() || device_step_values_[i] != st.step() || device_steps_[i].device() != p.device()) {
         device_steps_[i] = at::full({}, static_cast<double>(st.step()), p.options().dtype(at::kFloat));
       }
@@ -382,7 +409,6 @@ class Optimizer {
       l.s.push_back(device_steps_[i]);
     }
     c10::NoGradGuard no_grad;
-    const auto inv_clip = clip.defined() ? (1.0 / clip.to(at::kFloat)) : at::Tensor();
     for (auto& [where, l] : groups) {
       at::_foreach_add_(l.s, 1.0);
       std::optional<at::Tensor> scale;
