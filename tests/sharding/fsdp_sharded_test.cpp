@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -318,6 +319,35 @@ TEST_SUITE("sharding/fsdp_sharded") {
     CHECK_FALSE(fs::exists(dir + "/step_00000004"));
     for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().filename().string().find(io::kTempMarker) == std::string::npos);
     CHECK(CheckpointManager(dir, 2).latest() == std::optional<std::string>(path));
+  }
+
+  TEST_CASE("a gathered unit holds q|k|v's and gate|up's weights, then their biases, back to back: one GEMM each (Qwen2)") {
+    const auto dir = std::string(HYBRIDRL_FIXTURES_DIR) + "/models/qwen2";
+    auto m = load_causal_lm(dir), plain = load_causal_lm(dir);
+    REQUIRE(m->model->layer(0)->self_attn->q_proj->bias.defined());
+    torch::NoGradGuard ng;
+    const auto ids = at::randint(0, m->model->config().vocab_size, {2, 9});
+    const auto want = plain->forward(ids);  // the separate projections
+    hybridrl::detail::fsdp::Groups g;
+    auto units = hybridrl::detail::fsdp::make_units(m->named_parameters(), m->model->config().num_hidden_layers, g,
+                                          /*trainable=*/true, "test");
+    for (auto& u : units) hybridrl::detail::fsdp::gather(u, g, at::kFloat);
+    for (int64_t l = 0; l < m->model->config().num_hidden_layers; ++l) {
+      auto layer = m->model->layer(l);
+      auto& a = layer->self_attn;
+      auto& f = layer->mlp;
+      CHECK(stacked_rows({a->q_proj->weight, a->k_proj->weight, a->v_proj->weight}).defined());
+      CHECK(stacked_rows({a->q_proj->bias, a->k_proj->bias, a->v_proj->bias}).defined());
+      CHECK(stacked_rows({f->gate_proj->weight, f->up_proj->weight}).defined());
+    }
+    CHECK(max_diff(m->forward(ids), want) < 1e-5);
+    // the weights come first in a unit, then the biases, each kept with its name and optimizer index
+    const auto& u0 = units.front();
+    const auto first_bias = std::find_if(u0.names.begin(), u0.names.end(), [](const std::string& n) {
+      return n.find(".bias") != std::string::npos;
+    });
+    CHECK(std::all_of(first_bias, u0.names.end(), [](const std::string& n) { return n.find(".bias") != std::string::npos; }));
+    CHECK(u0.names.size() == u0.index.size());
   }
 
   TEST_CASE("cpu_offload: master slices, gradients and AdamW state on the CPU; training as without it (1 and 2 ranks); on CUDA the GPU holds none of them") {

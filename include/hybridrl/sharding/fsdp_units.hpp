@@ -32,6 +32,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -158,6 +159,21 @@ std::vector<Unit> make_units(const Named& named, int64_t num_layers, const Group
   for (auto& u : units) {
     HYBRIDRL_CHECK(!u.params.empty(), fmt::format("{}: unit '{}' has no parameters", what, u.name),
                    "shard a Llama-family model (model.layers.N.* and the root parameters)");
+    // the weights first, then the biases (each in the model's order): q|k|v's and gate|up's
+    // weights, and their biases, lie back to back in the flat unit, so a gathered layer runs one
+    // GEMM for each (stacked_rows) with biases too (Qwen2's q/k/v)
+    std::vector<size_t> order(u.params.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto is_bias = [&](size_t i) { return u.names[i].size() >= 5 && u.names[i].compare(u.names[i].size() - 5, 5, ".bias") == 0; };
+    std::stable_partition(order.begin(), order.end(), [&](size_t i) { return !is_bias(i); });
+    Unit sorted;
+    sorted.name = u.name;
+    for (const auto i : order) {
+      sorted.names.push_back(u.names[i]);
+      sorted.params.push_back(u.params[i]);
+      sorted.index.push_back(u.index[i]);
+    }
+    u = std::move(sorted);
     init_unit(u, g, trainable);
   }
   return units;
