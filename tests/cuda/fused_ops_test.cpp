@@ -50,6 +50,15 @@ inline double max_ulps(const at::Tensor& a, const at::Tensor& b, at::ScalarType 
   return ((x - y).abs() / ulp).max().item<double>();
 }
 
+/// Rotary tables cos / sin [N, D] on CUDA in `dtype`, at N random positions below 500.
+inline std::pair<at::Tensor, at::Tensor> rope_rows(int64_t N, int64_t D, at::ScalarType dtype) {
+  auto pos = at::randint(0, 500, {1, N}, at::TensorOptions().device(at::kCUDA).dtype(at::kLong));
+  ModelConfig c;
+  c.head_dim = D;
+  auto [cos3, sin3] = rope_cos_sin(rope_inverse_frequencies(c), pos, dtype);
+  return {cos3[0], sin3[0]};
+}
+
 inline bool fused_cuda_here() {
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
   if (at::hasCUDA()) return true;
@@ -95,11 +104,8 @@ TEST_SUITE("cuda/fused") {
     for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
       CAPTURE(dtype);
       const auto o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-      auto pos = at::randint(0, 500, {1, N}, o.dtype(at::kLong));
-      ModelConfig c;
-      c.head_dim = D;
-      auto [cos3, sin3] = rope_cos_sin(rope_inverse_frequencies(c), pos, dtype);
-      const auto cos = cos3[0], sin = sin3[0];
+      const auto tables = hybridrl::testing::rope_rows(N, D, dtype);
+      const auto &cos = tables.first, &sin = tables.second;
       const auto wide = at::randn({N, (H + 1) * D}, o.dtype(at::kFloat)).to(dtype);
       const auto q0 = wide.narrow(1, 0, H * D).view({N, H, D});
       const auto k0 = at::randn({N, Hkv, D}, o.dtype(at::kFloat)).to(dtype);
@@ -244,11 +250,8 @@ TEST_SUITE("cuda/fused") {
     for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
       CAPTURE(dtype);
       const auto o = at::TensorOptions().device(at::kCUDA).dtype(dtype);
-      auto pos = at::randint(0, 500, {1, N}, o.dtype(at::kLong));
-      ModelConfig c;
-      c.head_dim = D;
-      auto [cos3, sin3] = rope_cos_sin(rope_inverse_frequencies(c), pos, dtype);
-      const auto cos = cos3[0], sin = sin3[0];
+      const auto tables = hybridrl::testing::rope_rows(N, D, dtype);
+      const auto &cos = tables.first, &sin = tables.second;
       auto rnd = [&](std::vector<int64_t> shape, double scale = 1.0) {
         return (at::randn(shape, o.dtype(at::kFloat)) * scale).to(dtype);
       };
@@ -308,14 +311,7 @@ TEST_SUITE("cuda/fused") {
     // through the varlen trunk (qkv_rope_train, silu_mul_halves_train): there no further from
     // the exact gradients (double, on the CPU, from the same bf16 weights) than the unfused model
     if (!hybridrl::testing::fused_cuda_here()) return;
-    ModelConfig c;
-    c.vocab_size = 101;
-    c.hidden_size = 128;
-    c.intermediate_size = 192;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 32;
+    const auto c = hybridrl::testing::kernel_shaped_config();
     at::manual_seed(22);
     const auto ids = at::randint(0, c.vocab_size, {3, 11});
     auto mask = at::ones({3, 11}, at::kLong);
