@@ -4,6 +4,8 @@
 #   BUILD_DIR=build-x ./scripts/test.sh
 #   CTEST_ARGS="-L core" ./scripts/test.sh
 #   SKIP_TESTS=1 ./scripts/test.sh    # install, configure and build only
+#   ./scripts/test.sh --lint          # the compile-only checks, whole (CI runs this too): every public
+#                                     # header compiled alone, and each compile-fail case's full output
 #   ./scripts/test.sh --sanitize      # AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
 #   ./scripts/test.sh --tsan          # ThreadSanitizer on the threaded parts, in build-tsan/
 #   TARGETS="core_tests io_tests" ./scripts/test.sh --sanitize   # build (and run) only these
@@ -11,11 +13,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 sanitize=
+lint=
 case "${1:-}" in
   --sanitize) sanitize=address,undefined ;;
   --tsan) sanitize=thread ;;
+  --lint) lint=1 ;;
   "") ;;
-  *) echo "usage: $0 [--sanitize | --tsan]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--lint | --sanitize | --tsan]" >&2; exit 2 ;;
 esac
 if [[ $sanitize == thread ]]; then
   BUILD_DIR=${BUILD_DIR:-build-tsan}
@@ -75,7 +79,6 @@ else
 fi
 if [[ -n "${SKIP_TESTS:-}" ]]; then exit 0; fi  # set-up and build only (scripts/demo.sh)
 echo "== test"
-# Convergence runs carry the label 'slow' and stay out of the default run.
 if [[ -n $sanitize ]]; then
   # compile-only checks (compile_fail, headers) and the install-and-build-a-consumer tests
   # (downstream) run no code of ours: the sanitizers have nothing to watch there
@@ -91,4 +94,15 @@ if [[ -n $sanitize ]]; then
   fi
   exit 0
 fi
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -LE slow ${CTEST_ARGS:-}
+if [[ -n $lint ]]; then
+  # the header check (its ~100 compiles in parallel), then the compile-fail cases compiled to the
+  # end: their whole output is checked (at most one static_assert, nothing that matches REJECT)
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target hybridrl_header_check
+  # shellcheck disable=SC2086
+  HYBRIDRL_COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -L "headers|compile_fail" ${CTEST_ARGS:-}
+  exit 0
+fi
+# Convergence runs ('slow') stay out; the header check ('headers') is --lint's (a lint of the
+# headers, the largest item of a cold build); the compile-fail cases stop at their first error.
+# shellcheck disable=SC2086
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -LE "slow|headers" ${CTEST_ARGS:-}

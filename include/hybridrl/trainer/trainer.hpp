@@ -773,13 +773,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
   // the micro-batches of `rows` for `pass`; `measured(pass, i, micro, work)` runs micro-batch i's
   // work, recording its memory for the sizer when it is the pass's first
   auto micro_batches = [&](const TensorBatch& rows, MicroPass pass) {
-    std::optional<int64_t> available;
+    std::optional<int64_t> available_bytes;
     if (sizer.measures()) {
       const auto mem = detail::compat::cuda_memory(cuda_index);
-      if (const auto free = available_memory(device)) available = *free + (mem.reserved - mem.allocated);
+      if (const auto free = available_memory(device)) available_bytes = *free + (mem.reserved - mem.allocated);
     }
     const int64_t row_tokens = rows.has_tensor(keys::input_ids.str()) ? rows.tensor(keys::input_ids).size(1) : 1;
-    const auto n = sizer.choose(pass, rows.size(), row_tokens, available);
+    const auto n = sizer.choose(pass, rows.size(), row_tokens, available_bytes);
     auto& seen = micro_sizes[pass == MicroPass::update ? "geometry/micro_batch_update" : "geometry/micro_batch_scoring"];
     seen = std::max(seen, static_cast<double>(n));
     return rows.split(n);
@@ -1197,13 +1197,13 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
       batch.set(keys::scores, scores);
       if (token_scores) batch.set(keys::token_level_scores, scores_on_last_token(scores, batch.tensor(keys::response_mask)));
       if (!replaying && t.record_rollouts_every() > 0 && step % t.record_rollouts_every() == 0) {
-        RecordedStepInfo info;
-        info.step = step;
-        info.rank = rank;
-        info.world = world;
-        info.sampling_seed = request_seed(o.rollout().sampling().seed(), step);
-        info.weights_fingerprint = m.count("rollout/weights_fingerprint") != 0 ? m["rollout/weights_fingerprint"] : 0.0;
-        record_step((std::filesystem::path(t.output_dir()) / "rollouts").string(), batch, info);
+        RecordedStepInfo record;
+        record.step = step;
+        record.rank = rank;
+        record.world = world;
+        record.sampling_seed = request_seed(o.rollout().sampling().seed(), step);
+        record.weights_fingerprint = m.count("rollout/weights_fingerprint") != 0 ? m["rollout/weights_fingerprint"] : 0.0;
+        record_step((std::filesystem::path(t.output_dir()) / "rollouts").string(), batch, record);
       }
       const auto lens = batch.tensor(keys::response_mask).to(at::kDouble).sum(1);
       m["response_length_mean"] = lens.mean().template item<double>();
@@ -1225,9 +1225,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     double t_ref = 0;
     if ((reference || placed_reference) && train) {
       const auto r0 = clock::now();
-      const auto got = placed_reference ? exchange(detail::PlacedOp::reference, batch, pl.reference, score_reference, false)
+      const auto reference_scores = placed_reference ? exchange(detail::PlacedOp::reference, batch, pl.reference, score_reference, false)
                                         : score_reference(batch);
-      for (const auto& [k, v] : got.tensors()) batch.set(k, v);
+      for (const auto& [k, v] : reference_scores.tensors()) batch.set(k, v);
       // its kernels in its own time, not the next pass's (one micro-batch launches in milliseconds)
       if (device.is_cuda()) torch::cuda::synchronize(device.index());
       t_ref = std::chrono::duration<double>(clock::now() - r0).count();
@@ -1366,9 +1366,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
             },
             [&](TensorBatch& micro) {
               if (!old_from_update) return;
-              auto lp = micro.tensor(keys::log_probs).detach().to(at::kFloat);
-              micro.set(keys::old_log_probs, lp);
-              update_lps.push_back(lp);
+              auto update_lp = micro.tensor(keys::log_probs).detach().to(at::kFloat);
+              micro.set(keys::old_log_probs, update_lp);
+              update_lps.push_back(update_lp);
               if (!no_entropy) update_ents.push_back(micro.tensor(keys::entropy).detach().to(at::kFloat));
             });
         const auto norm = engine.step();

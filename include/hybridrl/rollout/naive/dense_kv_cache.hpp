@@ -94,14 +94,14 @@ inline at::Tensor forward_decode(CausalLM model, const at::Tensor& input_ids, KV
   auto decoder = model->model;
   auto fn = [&cache, &c, decoder, full = mask, sliding, mixed, L0, n, Tk](int64_t layer, const at::Tensor& q,
                                                                       const at::Tensor& k, const at::Tensor& v) {
-    const auto& mask = mixed && c.layer_window(layer) ? sliding : full;
+    const auto& layer_mask = mixed && c.layer_window(layer) ? sliding : full;
     auto& kc = cache.keys[static_cast<size_t>(layer)];
     auto& vc = cache.values[static_cast<size_t>(layer)];
     kc.narrow(2, L0, n).copy_(k);
     vc.narrow(2, L0, n).copy_(v);
-    // mask is undefined only for a prefill from position 0: plain causal then
-    return decoder->layer(layer)->self_attn->attend(q, kc.narrow(2, 0, Tk), vc.narrow(2, 0, Tk), mask,
-                                                    !mask.defined());
+    // layer_mask is undefined only for a prefill from position 0: plain causal then
+    return decoder->layer(layer)->self_attn->attend(q, kc.narrow(2, 0, Tk), vc.narrow(2, 0, Tk), layer_mask,
+                                                    !layer_mask.defined());
   };
   auto out = model->forward_with_attention(input_ids, pos, fn);
   cache.length = Tk;
