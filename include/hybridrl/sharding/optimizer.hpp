@@ -390,10 +390,10 @@ class Optimizer {
         st.step(st.step() + 1);
         device_step_values_[i] = -1;  // the device count, if torch's kernel runs later, is made again
         c10::NoGradGuard no_grad;
-        auto& p = params_[i];
+        auto& param = params_[i];
         auto m = st.exp_avg(), v = st.exp_avg_sq();
-        fused::adamw_step(p, p.grad(), m, v, lr, options_.beta1(), options_.beta2(), options_.weight_decay(),
-                          options_.eps(), st.step(), inv_clip.defined() ? inv_clip.to(p.device()) : at::Tensor());
+        fused::adamw_step(param, param.grad(), m, v, lr, options_.beta1(), options_.beta2(), options_.weight_decay(),
+                          options_.eps(), st.step(), inv_clip.defined() ? inv_clip.to(param.device()) : at::Tensor());
         continue;
       }
       if (!device_steps_[i].defined() || device_step_values_[i] != st.step() || device_steps_[i].device() != p.device()) {
