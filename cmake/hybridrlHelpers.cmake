@@ -18,7 +18,11 @@ endfunction()
 #     (<hybridrl/detail/precompiled.hpp>). A translation unit that includes <hybridrl/hybridrl.hpp>
 #     costs ~45 s without it and ~7 s with it (GCC 12, -O3); <torch/torch.h>'s other parts (jit,
 #     optim, data) are not in it. Set HYBRIDRL_USE_PCH=OFF to turn it off (e.g. to check include
-#     hygiene).
+#     hygiene). In a build with hybridrl::cuda (call hybridrl_add_cuda_kernels() first), the header
+#     and every target that uses it link hybridrl::cuda: a precompiled header serves only TUs with
+#     its macros, and HYBRIDRL_HAS_CUDA_KERNELS, which hybridrl::cuda defines, changes what the
+#     headers compile (GCC says "not used because `HYBRIDRL_HAS_CUDA_KERNELS' is defined" and parses
+#     them all again otherwise).
 function(hybridrl_use_torch_pch target)
   if(DEFINED HYBRIDRL_USE_PCH AND NOT HYBRIDRL_USE_PCH)
     return()
@@ -28,9 +32,17 @@ function(hybridrl_use_torch_pch target)
     file(CONFIGURE OUTPUT "${src}" CONTENT "// hybridrl: precompiled hybridrl and LibTorch headers\n")
     add_library(hybridrl_torch_pch OBJECT "${src}")
     target_link_libraries(hybridrl_torch_pch PUBLIC hybridrl::hybridrl)
+    if(TARGET hybridrl::cuda)
+      target_link_libraries(hybridrl_torch_pch PUBLIC hybridrl::cuda)
+    endif()
     target_precompile_headers(hybridrl_torch_pch PRIVATE
       <hybridrl/detail/precompiled.hpp> <nlohmann/json.hpp> <fmt/format.h> <fmt/ranges.h>
       <map> <string> <vector> <memory> <functional>)
+  endif()
+  if(TARGET hybridrl::cuda)
+    # the LINK_LIBRARIES property, not target_link_libraries: that would refuse a target whose
+    # other calls use the plain (keyword-less) signature
+    set_property(TARGET ${target} APPEND PROPERTY LINK_LIBRARIES hybridrl::cuda)
   endif()
   target_precompile_headers(${target} REUSE_FROM hybridrl_torch_pch)
 endfunction()
