@@ -99,7 +99,7 @@ if [[ -n $lint ]]; then
   # end: their whole output is checked (at most one static_assert, nothing that matches REJECT)
   cmake --build "$BUILD_DIR" -j "$JOBS" --target hybridrl_header_check
   # shellcheck disable=SC2086
-  HYBRIDRL_COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -L "headers|compile_fail" ${CTEST_ARGS:-}
+  COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -L "headers|compile_fail" ${CTEST_ARGS:-}
   exit 0
 fi
 # Convergence runs ('slow') stay out; the header check ('headers') is --lint's (a lint of the

@@ -23,4 +23,4 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_P
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 # Everything, the compile-only lint included (test.sh --lint's: the header check, the compile-fail
 # cases' whole output): the compatibility header is what differs between the LibTorch versions.
-HYBRIDRL_COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE slow ${CTEST_ARGS:-}
+COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE slow ${CTEST_ARGS:-}

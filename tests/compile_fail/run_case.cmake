@@ -7,7 +7,8 @@
 #   REJECT    optional regex the output must NOT match (e.g. a second rule's message)
 # A failing case stops at its first error (-Wfatal-errors): that error must be the expected
 # message, and the compile takes ~0.1 s instead of ~9 (the headers' deferred instantiations, redone
-# in every TU, come after it). With HYBRIDRL_COMPILE_FAIL_FULL=1 in the environment
+# in every TU, come after it). With COMPILE_FAIL_FULL=1 in the environment (not
+# HYBRIDRL_-prefixed: `hybridrl train` reads HYBRIDRL_* variables as configuration keys)
 # (`./scripts/test.sh --lint`, which `.ci/run` calls) it compiles to the end, and the whole output
 # is checked: nothing matches REJECT, and at most one static_assert fires.
 file(READ ${COMMANDS} db)
@@ -33,7 +34,7 @@ if(o GREATER -1)
   list(REMOVE_AT args ${oi})
   list(INSERT args ${oi} "${CMAKE_CURRENT_BINARY_DIR}/cf_throwaway_${MODE}_${CASE}.o")
 endif()
-set(full "$ENV{HYBRIDRL_COMPILE_FAIL_FULL}")
+set(full "$ENV{COMPILE_FAIL_FULL}")
 if(MODE STREQUAL "fail" AND NOT full)
   list(INSERT args 1 -Wfatal-errors)
 endif()
