@@ -7,10 +7,10 @@
 #   REJECT    optional regex the output must NOT match (e.g. a second rule's message)
 # A failing case stops at its first error (-Wfatal-errors): that error must be the expected
 # message, and the compile takes ~0.1 s instead of ~9 (the headers' deferred instantiations, redone
-# in every TU, come after it). With COMPILE_FAIL_FULL=1 in the environment (not
-# HYBRIDRL_-prefixed: `hybridrl train` reads HYBRIDRL_* variables as configuration keys)
-# (`./scripts/test.sh --lint`, which `.ci/run` calls) it compiles to the end, and the whole output
-# is checked: nothing matches REJECT, and at most one static_assert fires.
+# in every TU, come after it). With COMPILE_FAIL_FULL=1 in the environment (`./scripts/test.sh
+# --lint`, which `.ci/run` calls; not HYBRIDRL_-prefixed, since `hybridrl train` reads HYBRIDRL_*
+# variables as configuration keys) it compiles to the end, and the whole output is checked:
+# nothing matches REJECT, and at most one static_assert fires.
 file(READ ${COMMANDS} db)
 string(JSON n LENGTH "${db}")
 math(EXPR last "${n} - 1")
@@ -36,7 +36,7 @@ if(o GREATER -1)
 endif()
 set(full "$ENV{COMPILE_FAIL_FULL}")
 if(MODE STREQUAL "fail" AND NOT full)
-  list(INSERT args 1 -Wfatal-errors)
+  list(APPEND args -Wfatal-errors)  # last: the command may start with a launcher (ccache)
 endif()
 execute_process(COMMAND ${args} WORKING_DIRECTORY ${dir} RESULT_VARIABLE rc
   OUTPUT_VARIABLE out ERROR_VARIABLE out)
