@@ -1225,8 +1225,9 @@ FitResult Trainer<Policies...>::fit_impl(CausalLM policy, std::shared_ptr<const 
     double t_ref = 0;
     if ((reference || placed_reference) && train) {
       const auto r0 = clock::now();
-      const auto reference_scores = placed_reference ? exchange(detail::PlacedOp::reference, batch, pl.reference, score_reference, false)
-                                        : score_reference(batch);
+      const auto reference_scores =
+          placed_reference ? exchange(detail::PlacedOp::reference, batch, pl.reference, score_reference, false)
+                           : score_reference(batch);
       for (const auto& [k, v] : reference_scores.tensors()) batch.set(k, v);
       // its kernels in its own time, not the next pass's (one micro-batch launches in milliseconds)
       if (device.is_cuda()) torch::cuda::synchronize(device.index());
