@@ -85,39 +85,67 @@ int bench_update(const std::string& name, int64_t micro, const std::string& prof
   const auto ids = at::randint(100, c.vocab_size, {B, T}, at::TensorOptions().dtype(at::kLong).device(device()));
   const TensorBatch batch({{keys::input_ids.str(), ids}, {keys::attention_mask.str(), at::ones_like(ids)}});
   using clock = std::chrono::steady_clock;
-  double t_fb = 0, t_opt = 0;  // forward + backward, and the optimizer step (synchronised apart)
-  auto step = [&] {
-    const auto a = clock::now();
+  // forward + backward of every micro-batch, then the optimizer step; `mark(i)` between the phases
+  auto step = [&](auto&& mark) {
+    mark(0);
     for (const auto& mb : batch.split(micro)) {
       const auto out = e.forward(mb);
       const auto loss = -out.tensor(keys::log_probs).mean() * (static_cast<double>(mb.size()) / static_cast<double>(B));
       e.backward(loss);
     }
-    sync();
-    const auto b = clock::now();
+    mark(1);
     e.step();
-    sync();
-    t_fb += std::chrono::duration<double>(b - a).count();
-    t_opt += std::chrono::duration<double>(clock::now() - b).count();
+    mark(2);
   };
-  for (int i = 0; i < 3; ++i) step();
+  for (int i = 0; i < 3; ++i) step([](int) {});
   sync();
   hybridrl::detail::compat::reset_cuda_peak(0);
-  t_fb = t_opt = 0;
   constexpr int reps = 5;
+  // 1. as the peer times its steps: back to back, one synchronisation after the last; the phases
+  //    from CUDA events recorded between them (no host wait inside the timed steps)
+  double t_fb = 0, t_opt = 0;
+  const auto w0 = clock::now();
   if (!profile.empty()) bench::start_kernel_profile();
-  for (int i = 0; i < reps; ++i) step();
-  if (!profile.empty()) {
-    bench::stop_kernel_profile(fmt::format("update {} micro {}", name, micro), reps, (t_fb + t_opt) * 1e3, 40,
-                               profile);
+#if defined(HYBRIDRL_WITH_CUDA)
+  std::vector<cudaEvent_t> ev(3 * reps);
+  for (auto& x : ev) cudaEventCreate(&x);
+  for (int i = 0; i < reps; ++i) step([&](int k) { cudaEventRecord(ev[3 * i + k], at::cuda::getCurrentCUDAStream()); });
+  sync();
+  for (int i = 0; i < reps; ++i) {
+    float a = 0, b = 0;
+    cudaEventElapsedTime(&a, ev[3 * i], ev[3 * i + 1]);
+    cudaEventElapsedTime(&b, ev[3 * i + 1], ev[3 * i + 2]);
+    t_fb += a * 1e-3, t_opt += b * 1e-3;
   }
-  const double dt = (t_fb + t_opt) / reps;
+  for (auto& x : ev) cudaEventDestroy(x);
+#else
+  for (int i = 0; i < reps; ++i) step([](int) {});
+#endif
+  const double wall = std::chrono::duration<double>(clock::now() - w0).count();
+  if (!profile.empty()) bench::stop_kernel_profile(fmt::format("update {} micro {}", name, micro), reps, wall * 1e3, 40, profile);
+  // 2. as this benchmark timed them before 2026-12-07: the device synchronised after the
+  //    backward and after the step (the host's launch latency after each wait counted in)
+  double s_fb = 0, s_opt = 0;
+  for (int i = 0; i < reps; ++i) {
+    clock::time_point a, b;
+    step([&](int k) {
+      sync();
+      const auto now = clock::now();
+      if (k == 0) a = now;
+      if (k == 1) s_fb += std::chrono::duration<double>(now - a).count(), b = now;
+      if (k == 2) s_opt += std::chrono::duration<double>(now - b).count();
+    });
+  }
+  const double dt = wall / reps;
   const double tokens = static_cast<double>(B * T);
   std::printf("{\"bench\": \"update\", \"engine\": \"hybridrl FSDP (fp32 master, bf16 compute)\", \"model\": \"%s\", "
               "\"params\": %lld, \"tokens\": %.0f, \"micro_batch\": %lld, \"step_s\": %.4f, \"tokens_per_s\": %.1f, "
-              "\"mfu\": %.4f, \"forward_backward_s\": %.4f, \"optimizer_s\": %.4f, \"peak_gb\": %.2f}\n",
+              "\"mfu\": %.4f, \"forward_backward_s\": %.4f, \"optimizer_s\": %.4f, \"step_synced_s\": %.4f, "
+              "\"mfu_synced\": %.4f, \"peak_gb\": %.2f}\n",
               name.c_str(), static_cast<long long>(params), tokens, static_cast<long long>(micro), dt, tokens / dt,
-              6.0 * static_cast<double>(params) * tokens / dt / 989e12, t_fb / reps, t_opt / reps, peak_gb());
+              6.0 * static_cast<double>(params) * tokens / dt / 989e12, t_fb / reps, t_opt / reps,
+              (s_fb + s_opt) / reps, 6.0 * static_cast<double>(params) * tokens / ((s_fb + s_opt) / reps) / 989e12,
+              peak_gb());
   std::fflush(stdout);
   return 0;
 }

@@ -309,7 +309,8 @@ TEST_SUITE("cuda/fused") {
   TEST_CASE("a model trained with fused q|k|v and gate|up GEMMs: the unfused model's values and gradients") {
     // fp32 through the padded path (stacked_rows' autograd, split views), and bf16 with padding
     // through the varlen trunk (qkv_rope_train, silu_mul_halves_train): there no further from
-    // the exact gradients (double, on the CPU, from the same bf16 weights) than the unfused model
+    // the exact values and gradients (double, on the CPU, from the same bf16 weights) than the
+    // unfused model
     if (!hybridrl::testing::fused_cuda_here()) return;
     const auto c = hybridrl::testing::kernel_shaped_config();
     at::manual_seed(22);
@@ -353,12 +354,19 @@ TEST_SUITE("cuda/fused") {
         continue;
       }
       auto [le, ge] = run(make(false, at::kCPU, at::kDouble));
+      // bf16 is judged against the unfused bf16 model's own distance from the exact values: on
+      // the H100 (2026-12-07) both models' worst tensor gradient lay 0.387 (relative) from the
+      // exact one and their log-probs up to ~1 apart from it — the bf16 floor of this tiny config,
+      // not a bound either model can beat
       const double e_plain = rel(g0, ge), e_fused = rel(g1, ge);
+      const double d_plain = (l0 - le).abs().max().item<double>(), d_fused = (l1 - le).abs().max().item<double>();
       CAPTURE(e_plain);
       CAPTURE(e_fused);
-      CHECK((l1 - le).abs().max().item<double>() < 0.1);
-      CHECK(e_fused < 0.05);
+      CAPTURE(d_plain);
+      CAPTURE(d_fused);
+      CHECK(d_fused <= d_plain * 1.25 + 1e-3);
       CHECK(e_fused <= e_plain * 1.25);
+      CHECK(e_plain < 1.0);  // the reference itself is not broken
     }
   }
 
