@@ -699,35 +699,41 @@ TEST_SUITE("cuda/varlen") {
     mask[1].narrow(0, 0, 5).zero_();   // left padding
     mask[2].narrow(0, 13, 7).zero_();  // right padding
     mask = mask.cuda();
-    const auto valid = mask.to(at::kBool);
-    auto args = ForwardArgs{}.attention_mask(mask);
     // fp32 weights without autocast: the masked path
     CHECK_FALSE(m->model->varlen_dtype(ids).has_value());
-    // bf16 under autocast (the training engines' mixed precision): the varlen path, forward and gradients
-    auto run = [&](bool on) {
-      return with_fused(on, [&] {
-        m->zero_grad();
-        hybridrl::detail::compat::AutocastGuard cast(at::kCUDA, at::kBFloat16);
-        if (on) CHECK(m->model->varlen_dtype(ids) == at::kBFloat16);
-        auto logits = m->forward(ids, args).to(at::kFloat);
-        auto lp = at::log_softmax(logits.narrow(1, 0, 19), -1).gather(-1, ids.narrow(1, 1, 19).unsqueeze(-1)).squeeze(-1);
-        auto keep = valid.narrow(1, 0, 19).logical_and(valid.narrow(1, 1, 19));
-        (lp * keep).sum().backward();
-        std::vector<at::Tensor> grads;
-        for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
-        return std::make_pair(logits.detach(), grads);
-      });
-    };
-    const auto [l_var, g_var] = run(true);
-    const auto [l_mask, g_mask] = run(false);
-    const auto scale = l_mask.masked_select(valid.unsqueeze(-1)).abs().max().item<double>();
-    CHECK((l_var - l_mask).abs().masked_select(valid.unsqueeze(-1)).max().item<double>() <= 0.03 * scale);
-    CHECK(l_var.argmax(-1).eq(l_mask.argmax(-1)).masked_select(valid).to(at::kFloat).mean().item<double>() >= 0.95);
-    CHECK(l_var.masked_select(valid.logical_not().unsqueeze(-1)).abs().max().item<double>() == 0.0);  // padding: no work
-    for (size_t i = 0; i < g_var.size(); ++i) {
-      CAPTURE(i);
-      const auto d = (g_var[i] - g_mask[i]).norm().item<double>(), n = g_mask[i].norm().item<double>();
-      CHECK(d <= 0.05 * n + 1e-6);
+    // padded rows, and rows without padding (the trunk then skips its gather and scatter back)
+    for (const auto& attn : {mask, at::ones_like(mask)}) {
+      const auto valid = attn.to(at::kBool);
+      CAPTURE(valid.all().item<bool>());
+      const auto args = ForwardArgs{}.attention_mask(attn);
+      // bf16 under autocast (the training engines' mixed precision): the varlen path, forward and gradients
+      auto run = [&](bool on) {
+        return with_fused(on, [&] {
+          m->zero_grad();
+          hybridrl::detail::compat::AutocastGuard cast(at::kCUDA, at::kBFloat16);
+          if (on) CHECK(m->model->varlen_dtype(ids) == at::kBFloat16);
+          auto logits = m->forward(ids, args).to(at::kFloat);
+          auto lp = at::log_softmax(logits.narrow(1, 0, 19), -1).gather(-1, ids.narrow(1, 1, 19).unsqueeze(-1)).squeeze(-1);
+          auto keep = valid.narrow(1, 0, 19).logical_and(valid.narrow(1, 1, 19));
+          (lp * keep).sum().backward();
+          std::vector<at::Tensor> grads;
+          for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+          return std::make_pair(logits.detach(), grads);
+        });
+      };
+      const auto [l_var, g_var] = run(true);
+      const auto [l_mask, g_mask] = run(false);
+      const auto scale = l_mask.masked_select(valid.unsqueeze(-1)).abs().max().item<double>();
+      CHECK((l_var - l_mask).abs().masked_select(valid.unsqueeze(-1)).max().item<double>() <= 0.03 * scale);
+      CHECK(l_var.argmax(-1).eq(l_mask.argmax(-1)).masked_select(valid).to(at::kFloat).mean().item<double>() >= 0.95);
+      if (!valid.all().item<bool>()) {
+        CHECK(l_var.masked_select(valid.logical_not().unsqueeze(-1)).abs().max().item<double>() == 0.0);  // padding: no work
+      }
+      for (size_t i = 0; i < g_var.size(); ++i) {
+        CAPTURE(i);
+        const auto d = (g_var[i] - g_mask[i]).norm().item<double>(), n = g_mask[i].norm().item<double>();
+        CHECK(d <= 0.05 * n + 1e-6);
+      }
     }
     // packed rows (Loader<Packed>'s cu_seqlens): two sequences in one row and a padded tail
     auto mb = CausalLM(c);

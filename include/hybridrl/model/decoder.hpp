@@ -252,9 +252,11 @@ class DecoderImpl : public torch::nn::Module {
     auto valid = key_valid.defined() ? key_valid : at::ones({B, T}, at::TensorOptions().dtype(at::kBool).device(dev));
     const auto idx = valid.reshape({-1}).nonzero().squeeze(1);  // one host sync: the token count
     const auto N = idx.size(0);
-    const auto ids_p = ids.reshape({-1}).index_select(0, idx).view({1, N});
-    const auto pos_p = pos.reshape({-1}).index_select(0, idx).view({1, N});
-    auto [uniq, inverse, counts] = at::unique_consecutive(seq.reshape({-1}).index_select(0, idx), false, true);
+    const bool every = N == B * T;  // no padding (full packed rows): no gather, no scatter back
+    const auto ids_p = every ? ids.reshape({1, N}) : ids.reshape({-1}).index_select(0, idx).view({1, N});
+    const auto pos_p = every ? pos.reshape({1, N}) : pos.reshape({-1}).index_select(0, idx).view({1, N});
+    auto [uniq, inverse, counts] =
+        at::unique_consecutive(every ? seq.reshape({-1}) : seq.reshape({-1}).index_select(0, idx), false, true);
     (void)uniq, (void)inverse;
     const auto cu = at::cat({at::zeros({1}, counts.options()), counts.cumsum(0)}).to(at::kInt);
     const auto max_len = N > 0 ? counts.max().item<int64_t>() : 0;
@@ -268,6 +270,7 @@ class DecoderImpl : public torch::nn::Module {
       h = runner_(i, *layer(i), h, ctx);
     }
     h = norm(h);
+    if (every) return h.view({B, T, h.size(-1)});
     return at::zeros({B * T, h.size(-1)}, h.options()).index_copy(0, idx, h[0]).view({B, T, h.size(-1)});
   }
 

@@ -236,10 +236,18 @@ inline void release(Unit& u) {
 inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::vector<at::Tensor>& grads,
                                    at::ScalarType reduce_dtype) {
   c10::NoGradGuard ng;
-  at::Tensor flat = at::zeros({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(u.device));
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (grads[i].defined()) flat.narrow(0, u.offsets[i], grads[i].numel()).copy_(grads[i].reshape({-1}));
+  // each gradient cast into its place; only what no gradient covers (an undefined one, the
+  // padding) is zeroed — no fill of the whole unit before the copies (1.1 B floats a step on 1b)
+  at::Tensor flat = at::empty({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(u.device));
+  for (size_t i = 0; i < u.offsets.size(); ++i) {
+    const auto n = numel_of(u.shapes[i]);
+    if (i < grads.size() && grads[i].defined()) {
+      flat.narrow(0, u.offsets[i], n).copy_(grads[i].reshape({-1}));
+    } else {
+      flat.narrow(0, u.offsets[i], n).zero_();
+    }
   }
+  if (u.padded > u.numel) flat.narrow(0, u.numel, u.padded - u.numel).zero_();
   const int S = g.shards();
   if (S == 1 && !(g.replicate && g.replicate->size() > 1)) return flat.to(u.slice.device(), u.slice.scalar_type());
   at::Tensor part = at::empty({u.padded / S}, flat.options());
