@@ -408,7 +408,7 @@ TEST_SUITE("cuda/fused") {
     }
   }
 
-  TEST_CASE("RMSNorm in training, alone and after the residual add: the eager forward, gradients at least as near the exact ones as eager's") {
+  TEST_CASE("RMSNorm in training, alone, after the residual add, and passing x on: the eager forward, gradients at least as near the exact ones as eager's") {
     if (!hybridrl::testing::fused_cuda_here()) return;
     at::manual_seed(21);
     const double eps = 1e-5;
@@ -418,11 +418,14 @@ TEST_SUITE("cuda/fused") {
     for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
       for (const auto& [rows, dim] : shapes) {
         if (dim == 8192 && dtype == at::kFloat) continue;
-        for (bool add : {false, true}) {
+        // 0: the norm alone; 1: after the residual add; 2: x passed on through the op (keep), which
+        // then receives the stream's gradient of x as h's
+        for (int mode : {0, 1, 2}) {
+          const bool add = mode == 1, stream = mode != 0;
           CAPTURE(dtype);
           CAPTURE(rows);
           CAPTURE(dim);
-          CAPTURE(add);
+          CAPTURE(mode);
           const auto x0 = (at::randn({rows, dim}) * 2).to(at::kCUDA, dtype);
           const auto r0 = at::randn({rows, dim}).to(at::kCUDA, dtype);
           const auto w0 = (at::rand({dim}) + 0.5).to(at::kCUDA, dtype);
@@ -435,7 +438,7 @@ TEST_SUITE("cuda/fused") {
               auto w = w0.clone().requires_grad_(true);
               at::Tensor h, y;
               if (fused_on) {
-                std::tie(h, y) = fused::rms_norm_train(x, add ? r : at::Tensor(), w, eps);
+                std::tie(h, y) = fused::rms_norm_train(x, add ? r : at::Tensor(), w, eps, /*keep=*/mode == 2);
                 REQUIRE(y.defined());
               } else {
                 h = add ? x + r : x;
@@ -443,7 +446,7 @@ TEST_SUITE("cuda/fused") {
                 y = w * (hf * at::rsqrt(hf.pow(2).mean(-1, true) + eps)).to(dtype);
               }
               auto loss = (y.to(at::kFloat) * dy.to(at::kFloat)).sum();
-              if (add) loss = loss + (h.to(at::kFloat) * dh.to(at::kFloat)).sum();
+              if (stream) loss = loss + (h.to(at::kFloat) * dh.to(at::kFloat)).sum();
               loss.backward();
               return std::vector<at::Tensor>{h.detach(), y.detach(), x.grad(), add ? r.grad() : at::Tensor(), w.grad()};
             });
@@ -457,7 +460,7 @@ TEST_SUITE("cuda/fused") {
           auto wd = w0.to(at::kDouble).requires_grad_(true);
           auto yd = wd * (hd * at::rsqrt(hd.pow(2).mean(-1, true) + eps));
           (yd * dy.to(at::kDouble)).sum().backward();
-          const auto dx_exact = add ? hd.grad() + dh.to(at::kDouble) : hd.grad();
+          const auto dx_exact = stream ? hd.grad() + dh.to(at::kDouble) : hd.grad();
           const auto dw_exact = wd.grad();
           const auto err = [](const at::Tensor& t, const at::Tensor& exact) {
             return ((t.to(at::kDouble) - exact).norm() / exact.norm()).item<double>();
@@ -486,6 +489,9 @@ TEST_SUITE("cuda/fused") {
     CHECK(y.grad_fn() != nullptr);
     CHECK(std::string(y.grad_fn()->name()).find("AddRmsNormTrain") != std::string::npos);
     CHECK(std::string(norm(x).grad_fn()->name()).find("RmsNormTrain") != std::string::npos);
+    auto [hk, yk] = norm->forward_keep(x);
+    CHECK(std::string(yk.grad_fn()->name()).find("RmsNormKeepTrain") != std::string::npos);
+    CHECK(hk.data_ptr() == x.data_ptr());  // x itself, passed through (a view)
     // where it does not apply: the CPU, a row not a multiple of 16 bytes or over 16 KB, switched off
     CHECK_FALSE(fused::rms_norm_train(at::randn({2, 8}), {}, at::ones({8}), eps).second.defined());
     CHECK_FALSE(fused::rms_norm_train(at::randn({2, 8192}).cuda(), {}, at::ones({8192}).cuda(), eps).second.defined());

@@ -500,6 +500,21 @@ struct RmsNormTrain : torch::autograd::Function<RmsNormTrain> {
     return {dx, dw, at::Tensor()};
   }
 };
+// {x, norm(x)}, x returned as an output (a view of it, by autograd) so the gradient the residual
+// stream brings to x reaches this backward's kernel, which adds it in: the layer's input gets one
+// gradient, not two for autograd to sum in an extra kernel
+struct RmsNormKeepTrain : torch::autograd::Function<RmsNormKeepTrain> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& weight, double eps) {
+    auto [h, out] = RmsNormTrainImpl::forward(ctx, x, at::Tensor(), weight, eps);
+    return {h, out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto [dx, dw] = RmsNormTrainImpl::backward(ctx, grads[1], grads[0]);
+    return {dx, dw, at::Tensor()};
+  }
+};
 struct AddRmsNormTrain : torch::autograd::Function<AddRmsNormTrain> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& residual, const at::Tensor& weight, double eps) {
@@ -520,10 +535,11 @@ struct AddRmsNormTrain : torch::autograd::Function<AddRmsNormTrain> {
 /// ({x, norm(x)} without). Forward: the inference kernel (within one unit in the last place of
 /// the eager ops); backward: one kernel for the input's gradient (computed in float, rounded
 /// once; the residual stream's gradient of h added in the same pass) and the weight's in partial
-/// sums. Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or
+/// sums. Without a residual and with `keep`, h is x passed through the op (a view of it), so
+/// what later uses of h send back is added in that kernel too, not summed by autograd apart. Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or
 /// devices, non-contiguous, a row not a multiple of 16 bytes or over 16 KB: bf16 rows up to 8192).
 inline std::pair<at::Tensor, at::Tensor> rms_norm_train(const at::Tensor& x, const at::Tensor& residual,
-                                                        const at::Tensor& weight, double eps) {
+                                                        const at::Tensor& weight, double eps, bool keep = false) {
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
   if (!x.defined() || !x.is_cuda() || !enabled() || !detail::kernel_dtype(x.scalar_type()) || x.dim() == 0 ||
       x.numel() == 0 || !x.is_contiguous() || !weight.defined() || weight.scalar_type() != x.scalar_type() ||
@@ -537,11 +553,15 @@ inline std::pair<at::Tensor, at::Tensor> rms_norm_train(const at::Tensor& x, con
                              reinterpret_cast<uintptr_t>(residual.data_ptr()) % 16 != 0)) {
     return {};
   }
-  if (!residual.defined()) return {x, detail::RmsNormTrain::apply(x, weight, eps)};
+  if (!residual.defined()) {
+    if (!keep) return {x, detail::RmsNormTrain::apply(x, weight, eps)};
+    auto out = detail::RmsNormKeepTrain::apply(x, weight, eps);
+    return {out[0], out[1]};
+  }
   auto out = detail::AddRmsNormTrain::apply(x, residual, weight, eps);
   return {out[0], out[1]};
 #else
-  (void)x, (void)residual, (void)weight, (void)eps;
+  (void)x, (void)residual, (void)weight, (void)eps, (void)keep;
   return {};
 #endif
 }

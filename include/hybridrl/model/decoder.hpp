@@ -271,7 +271,7 @@ class DecoderImpl : public torch::nn::Module {
     }
     h = norm(h);
     if (every) return h.view({B, T, h.size(-1)});
-    return at::zeros({B * T, h.size(-1)}, h.options()).index_copy(0, idx, h[0]).view({B, T, h.size(-1)});
+    return at::zeros({B * T, h.size(-1)}, h.options()).index_copy(0, idx, h.squeeze(0)).view({B, T, h.size(-1)});
   }
 
   at::Tensor run(const at::Tensor& ids, const at::Tensor& pos, const LayerMasks& masks, const AttentionFn& attn_fn,

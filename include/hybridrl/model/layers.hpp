@@ -62,6 +62,17 @@ class RMSNormImpl : public torch::nn::Module {
     auto h = x + residual;
     return {h, forward(h)};
   }
+  /// {x, forward(x)} for a layer that goes on using x (its residual stream): in training on CUDA
+  /// x comes back through the norm's op, whose backward kernel then adds the stream's gradient of
+  /// x in (one gradient for the layer's input, no sum by autograd); elsewhere x itself.
+  std::pair<at::Tensor, at::Tensor> forward_keep(const at::Tensor& x) {
+    if (x.is_cuda() && c10::GradMode::is_enabled() && fused::enabled() && x.scalar_type() == weight.scalar_type()) {
+      if (auto fused = fused::rms_norm_train(x, at::Tensor(), weight, eps_, /*keep=*/true); fused.first.defined()) {
+        return fused;
+      }
+    }
+    return {x, forward(x)};
+  }
   at::Tensor weight;  ///< [dim]
 
  private:
@@ -321,10 +332,11 @@ class AttentionImpl : public torch::nn::Module {
       if (fq.defined()) {
         q = fq[0], k = fk[0], v = fv[0];
       } else {
-        std::tie(q, k, v) = fused::qkv_rope_train(qkv[0], heads_, kv_heads_, head_dim_, ctx.cos[0], ctx.sin[0]);
+        // squeeze, not [0]: a select's backward would fill a zero tensor and copy the gradient in
+        std::tie(q, k, v) = fused::qkv_rope_train(qkv.squeeze(0), heads_, kv_heads_, head_dim_, ctx.cos[0], ctx.sin[0]);
       }
       if (!q.defined()) {
-        const auto parts = qkv[0].split_with_sizes({heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
+        const auto parts = qkv.squeeze(0).split_with_sizes({heads_ * head_dim_, kv_heads_ * head_dim_, kv_heads_ * head_dim_}, -1);
         q = apply_rope_rows(parts[0].view({N, heads_, head_dim_}), ctx.cos[0], ctx.sin[0]);
         k = apply_rope_rows(parts[1].view({N, kv_heads_, head_dim_}), ctx.cos[0], ctx.sin[0]);
         v = parts[2].view({N, kv_heads_, head_dim_});
@@ -466,8 +478,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   /// same bit for bit.
   std::pair<at::Tensor, at::Tensor> forward_carry(const at::Tensor& x, const at::Tensor& residual,
                                                   const LayerContext& ctx, int64_t layer = 0) {
-    auto [h, normed] = residual.defined() ? input_layernorm->forward_add(x, residual)
-                                          : std::pair<at::Tensor, at::Tensor>{x, input_layernorm(x)};
+    auto [h, normed] = residual.defined() ? input_layernorm->forward_add(x, residual) : input_layernorm->forward_keep(x);
     auto [h2, normed2] = post_attention_layernorm->forward_add(h, self_attn->forward(normed, ctx, layer));
     return {mlp(normed2), h2};
   }
