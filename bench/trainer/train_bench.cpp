@@ -4,7 +4,10 @@
 //                                        16 × 1024 tokens through Sharding<FSDP> (fp32 master, bf16
 //                                        compute), `micro` sequences per micro-batch (default 16);
 //                                        tokens/s and MFU (6 · params · tokens / time / 989 TFLOP/s,
-//                                        the peer's formula), peak memory. 3 warm-up steps, 5 timed.
+//                                        the peer's formula), peak memory. 3 warm-up steps, then 5
+//                                        timed back to back as the peer times its steps (step_s;
+//                                        the phases from CUDA events), then 5 with the device
+//                                        synchronised after each phase (step_synced_s)
 //   bench_train grpo 160m|1b [steps [fixed_micro]]
 //                                        GRPOTrainer (Rollout<Paged>, Sharding<FSDP>) steps of 64
 //                                        prompts × 8 samples, prompt 128 random tokens, 256 new
