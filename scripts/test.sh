@@ -5,7 +5,8 @@
 #   CTEST_ARGS="-L core" ./scripts/test.sh
 #   SKIP_TESTS=1 ./scripts/test.sh    # install, configure and build only
 #   ./scripts/test.sh --lint          # the compile-only checks, whole (CI runs this too): every public
-#                                     # header compiled alone, and each compile-fail case's full output
+#                                     # header compiled alone, each compile-fail case's full output,
+#                                     # and the benchmark programs (bench/: not in the default build)
 #   ./scripts/test.sh --sanitize      # AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
 #   ./scripts/test.sh --tsan          # ThreadSanitizer on the threaded parts, in build-tsan/
 #   TARGETS="core_tests io_tests" ./scripts/test.sh --sanitize   # build (and run) only these
@@ -98,6 +99,10 @@ if [[ -n $lint ]]; then
   # the header check (its ~100 compiles in parallel), then the compile-fail cases compiled to the
   # end: their whole output is checked (at most one static_assert, nothing that matches REJECT)
   cmake --build "$BUILD_DIR" -j "$JOBS" --target hybridrl_header_check
+  # the benchmark programs: no tests, so not in the default build — compiled here, not run
+  if cmake --build "$BUILD_DIR" --target help 2>/dev/null | grep "^hybridrl_benchmarks" >/dev/null; then
+    cmake --build "$BUILD_DIR" -j "$JOBS" --target hybridrl_benchmarks
+  fi
   # shellcheck disable=SC2086
   COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$JOBS" -L "headers|compile_fail" ${CTEST_ARGS:-}
   exit 0

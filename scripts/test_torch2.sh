@@ -20,7 +20,7 @@ export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_fi
 # c10_LIBRARY: TorchConfig would otherwise prefer a system LibTorch's libc10 (e.g. Debian's 1.13).
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$CACHE/torch/share/cmake" \
   "-Dc10_LIBRARY=$CACHE/torch/lib/libc10.so" -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0  # no GPU here: name the architecture
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target all hybridrl_benchmarks  # the benchmarks are not in `all`
 # Everything, the compile-only lint included (test.sh --lint's: the header check, the compile-fail
 # cases' whole output): the compatibility header is what differs between the LibTorch versions.
 COMPILE_FAIL_FULL=1 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" -LE slow ${CTEST_ARGS:-}
