@@ -50,9 +50,10 @@ endfunction()
 #   hybridrl_add_presets()
 #     Defines hybridrl::presets (STATIC, once per build): the explicit instantiations of the preset
 #     trainers of <hybridrl/trainer/presets.hpp> (PPOTrainer, GRPOTrainer, NaivePPOTrainer,
-#     NaiveGRPOTrainer, DPOTrainer, KTOTrainer, SFTTrainer) and of their fit loops, compiled once in
-#     this build from the source shipped with hybridrl (four files that build side by side, ~60 s
-#     each at -O2). Targets that link it see HYBRIDRL_EXTERN_PRESETS and do not instantiate them again: a
+#     NaiveGRPOTrainer, DPOTrainer, KTOTrainer, SFTTrainer) and of their fit loops, and of
+#     trainer/run.hpp's entry points for them (run_trainer, configure_run, help, read_run_data),
+#     compiled once in this build from the source shipped with hybridrl (five files that build side
+#     by side, ~50-60 s each at -O2). Targets that link it see HYBRIDRL_EXTERN_PRESETS and do not instantiate them again: a
 #     program that trains a preset compiles in seconds. Call it after hybridrl_add_cuda_kernels()
 #     where the build has CUDA: the presets then link hybridrl::cuda (their generation runs the
 #     kernels, and every user of a preset must see the same HYBRIDRL_HAS_CUDA_KERNELS).

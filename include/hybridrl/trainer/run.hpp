@@ -19,7 +19,8 @@
 ///
 /// Not part of <hybridrl/hybridrl.hpp> (it reads YAML and sentencepiece where the build has them).
 /// builtin_trainers() names every preset of trainer/presets.hpp: link `hybridrl::presets`, or the
-/// translation unit that calls it compiles all their fit loops.
+/// translation unit that calls it compiles all their fit loops and run entry points (the
+/// HYBRIDRL_RUN_PRESETS instantiations at the end of this file).
 
 #include <ATen/Context.h>
 #include <fmt/format.h>
@@ -993,3 +994,38 @@ inline int train_main(int argc, char** argv, const TrainerRegistry& trainers) {
 }
 
 }  // namespace hybridrl
+
+/// The run entry points of every preset trainer type — run_trainer, configure_run and the help
+/// of its RunConfig — and read_run_data of every dataset kind: explicit instantiation
+/// declarations (`prefix` extern) or definitions (`prefix` empty: src/presets/run.cpp), as
+/// trainer/presets.hpp does for the trainers and their fit loops. A program or example linking
+/// hybridrl::presets then compiles none of them (the program and examples/custom_algorithm
+/// instantiated all nine run_trainer's through builtin_trainers(): ~60 s of a cold build each).
+#define HYBRIDRL_RUN_PRESET(prefix, Alias)                                                                   \
+  prefix template int run_trainer<Alias>(const ConfigSources&, const std::string&, bool,                      \
+                                         const std::map<std::string, BatchRewardFn>&);                        \
+  prefix template RunConfig<Alias> configure_run<Alias>(const ConfigSources&);                                 \
+  prefix template std::string help<RunConfig<Alias>>(const RunConfig<Alias>&);
+#define HYBRIDRL_RUN_DATASET(prefix, Dataset)                                                                \
+  prefix template std::shared_ptr<const Dataset> read_run_data<Dataset>(                                      \
+      const TaskOptions&, const std::vector<std::string>&, const AnyTokenizer&, const DatasetOptions&);
+#define HYBRIDRL_RUN_PRESETS(prefix)                                                                         \
+  HYBRIDRL_RUN_PRESET(prefix, GRPOTrainer)                                                                     \
+  HYBRIDRL_RUN_PRESET(prefix, NaiveGRPOTrainer)                                                                \
+  HYBRIDRL_RUN_PRESET(prefix, TP3DGRPOTrainer)                                                                 \
+  HYBRIDRL_RUN_PRESET(prefix, PPOTrainer)                                                                      \
+  HYBRIDRL_RUN_PRESET(prefix, NaivePPOTrainer)                                                                 \
+  HYBRIDRL_RUN_PRESET(prefix, TP3DPPOTrainer)                                                                  \
+  HYBRIDRL_RUN_PRESET(prefix, DPOTrainer)                                                                      \
+  HYBRIDRL_RUN_PRESET(prefix, KTOTrainer)                                                                      \
+  HYBRIDRL_RUN_PRESET(prefix, SFTTrainer)                                                                      \
+  HYBRIDRL_RUN_DATASET(prefix, PromptDataset)                                                                  \
+  HYBRIDRL_RUN_DATASET(prefix, PreferenceDataset)                                                              \
+  HYBRIDRL_RUN_DATASET(prefix, LabelledDataset)                                                                \
+  HYBRIDRL_RUN_DATASET(prefix, CompletionDataset)
+
+#if defined(HYBRIDRL_EXTERN_PRESETS)
+namespace hybridrl {
+HYBRIDRL_RUN_PRESETS(extern)
+}  // namespace hybridrl
+#endif
