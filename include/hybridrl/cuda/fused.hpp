@@ -536,8 +536,9 @@ struct AddRmsNormTrain : torch::autograd::Function<AddRmsNormTrain> {
 /// the eager ops); backward: one kernel for the input's gradient (computed in float, rounded
 /// once; the residual stream's gradient of h added in the same pass) and the weight's in partial
 /// sums. Without a residual and with `keep`, h is x passed through the op (a view of it), so
-/// what later uses of h send back is added in that kernel too, not summed by autograd apart. Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or
-/// devices, non-contiguous, a row not a multiple of 16 bytes or over 16 KB: bf16 rows up to 8192).
+/// what later uses of h send back is added in that kernel too, not summed by autograd apart.
+/// Undefined tensors where the kernel does not apply (CPU, switched off, mixed dtypes or devices,
+/// non-contiguous, a row not a multiple of 16 bytes or over 16 KB: bf16 rows up to 8192).
 inline std::pair<at::Tensor, at::Tensor> rms_norm_train(const at::Tensor& x, const at::Tensor& residual,
                                                         const at::Tensor& weight, double eps, bool keep = false) {
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)

@@ -1000,7 +1000,7 @@ inline int train_main(int argc, char** argv, const TrainerRegistry& trainers) {
 /// declarations (`prefix` extern) or definitions (`prefix` empty: src/presets/run.cpp), as
 /// trainer/presets.hpp does for the trainers and their fit loops. A program or example linking
 /// hybridrl::presets then compiles none of them (the program and examples/custom_algorithm
-/// instantiated all nine run_trainer's through builtin_trainers(): ~60 s of a cold build each).
+/// instantiated all nine run_trainer's through builtin_trainers(): ~40 s of each one's compile).
 #define HYBRIDRL_RUN_PRESET(prefix, Alias)                                                                   \
   prefix template int run_trainer<Alias>(const ConfigSources&, const std::string&, bool,                      \
                                          const std::map<std::string, BatchRewardFn>&);                        \
