@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <tuple>
+#include <type_traits>
 
 #include "hybridrl/cuda/launchers.hpp"
 
@@ -435,10 +436,13 @@ __global__ void silu_mul_backward_kernel(const T* __restrict__ gate, const T* __
 // on the device), p ← p − lr·wd·p, m ← β1·m + (1 − β1)·g, v ← β2·v + (1 − β2)·g², p ← p −
 // step_size · m / (√v / √bc2 + eps). Reads p, g, m, v and writes p, m, v once (16-byte packs):
 // torch's kernel also writes the scaled gradient back, a fifth pass the step does not need.
-template <int N>
+// With a copy pointer (C not float: bf16 or fp16) the new parameter is also written there,
+// rounded to C: the compute copy the next forward reads, with no cast kernel of its own.
+template <int N, class C = float>
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                              float* __restrict__ v, int64_t n, float lr_wd, float beta1, float beta2, float eps,
-                             float step_size, float bc2_sqrt, const float* __restrict__ inv_scale) {
+                             float step_size, float bc2_sqrt, const float* __restrict__ inv_scale,
+                             C* __restrict__ copy = nullptr) {
   const float inv = inv_scale != nullptr ? *inv_scale : 1.0f;
   const int64_t groups = n / N;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < groups;
@@ -460,6 +464,52 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
     reinterpret_cast<Pack<float, N>*>(p)[i] = pp;
     reinterpret_cast<Pack<float, N>*>(m)[i] = mm;
     reinterpret_cast<Pack<float, N>*>(v)[i] = vv;
+    if constexpr (!std::is_same_v<C, float>) {
+      Pack<C, N> cc;
+#pragma unroll
+      for (int k = 0; k < N; ++k) cc.v[k] = from_f<C>(pp.v[k]);
+      reinterpret_cast<Pack<C, N>*>(copy)[i] = cc;
+    }
+  }
+}
+
+// ---- a unit's gradients cast into its flat float buffer, one launch ----
+// Each piece is a source tensor (or none: zeros) written to dst[offset, offset + n) in float.
+// Blocks are dealt to the pieces in order (block_start), each block covering kPackSpan elements of
+// one piece: N-element loads (16 bytes of the source) where the piece allows them, else one by one.
+constexpr int kPackThreads = 256, kPackSteps = 4;
+template <int N>
+constexpr int64_t pack_span() { return int64_t{kPackThreads} * N * kPackSteps; }
+
+template <class S, int N>
+__global__ void pack_flat_kernel(FlatPieces pieces, float* __restrict__ dst) {
+  int p = 0;
+  while (p + 1 < pieces.count && static_cast<int64_t>(blockIdx.x) >= pieces.block_start[p + 1]) ++p;
+  const int64_t n = pieces.n[p];
+  const S* src = static_cast<const S*>(pieces.src[p]);
+  float* out = dst + pieces.offset[p];
+  const int64_t base = (static_cast<int64_t>(blockIdx.x) - pieces.block_start[p]) * pack_span<N>();
+  const bool vec = pieces.vec[p] != 0;
+#pragma unroll
+  for (int k = 0; k < kPackSteps; ++k) {
+    const int64_t i = base + (static_cast<int64_t>(k) * kPackThreads + threadIdx.x) * N;
+    if (vec && i + N <= n) {
+      float o[N];
+      if (src != nullptr) {
+        const Pack<S, N> x = *reinterpret_cast<const Pack<S, N>*>(src + i);
+#pragma unroll
+        for (int j = 0; j < N; ++j) o[j] = to_f<S>(x.v[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) o[j] = 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < N; j += 4) {  // 16-byte stores (dst is 16-byte aligned where vec)
+        *reinterpret_cast<Pack<float, 4>*>(out + i + j) = Pack<float, 4>{{o[j], o[j + 1], o[j + 2], o[j + 3]}};
+      }
+    } else {
+      for (int64_t j = i; j < i + N && j < n; ++j) out[j] = src != nullptr ? to_f<S>(src[j]) : 0.0f;
+    }
   }
 }
 
@@ -908,7 +958,7 @@ int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride
 
 int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
                  double beta1, double beta2, double weight_decay, double eps, int64_t step, const float* inv_scale,
-                 void* stream) {
+                 void* stream, void* copy, KernelDtype copy_dtype) {
   if (n == 0) return 0;
   if (step < 1) return static_cast<int>(cudaErrorInvalidValue);
   const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(step));
@@ -916,17 +966,45 @@ int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg
   const auto args = std::make_tuple(param, grad, exp_avg, exp_avg_sq, n, static_cast<float>(lr * weight_decay),
                                     static_cast<float>(beta1), static_cast<float>(beta2), static_cast<float>(eps),
                                     static_cast<float>(lr / bc1), static_cast<float>(std::sqrt(bc2)), inv_scale);
-  const bool vec = n % 4 == 0 && aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
+  if (copy != nullptr && copy_dtype == KernelDtype::f32) return static_cast<int>(cudaErrorInvalidValue);
+  const bool vec = n % 4 == 0 && aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
+                   reinterpret_cast<uintptr_t>(copy) % 8 == 0;
   const int threads = 256;
   const int64_t groups = vec ? n / 4 : n;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 132 * 16));
   const auto s = static_cast<cudaStream_t>(stream);
-  if (vec) {
-    std::apply([&](auto... a) { adamw_kernel<4><<<blocks, threads, 0, s>>>(a...); }, args);
-  } else {
-    std::apply([&](auto... a) { adamw_kernel<1><<<blocks, threads, 0, s>>>(a...); }, args);
-  }
-  return static_cast<int>(cudaGetLastError());
+  auto run = [&](auto tag) {
+    using C = decltype(tag);
+    C* c = static_cast<C*>(copy);
+    if (vec) {
+      std::apply([&](auto... a) { adamw_kernel<4, C><<<blocks, threads, 0, s>>>(a..., c); }, args);
+    } else {
+      std::apply([&](auto... a) { adamw_kernel<1, C><<<blocks, threads, 0, s>>>(a..., c); }, args);
+    }
+    return static_cast<int>(cudaGetLastError());
+  };
+  if (copy == nullptr) return run(float{});
+  return copy_dtype == KernelDtype::bf16 ? run(__nv_bfloat16{}) : run(__half{});
+}
+
+int launch_pack_flat(const FlatPieces& pieces, KernelDtype src_dtype, float* dst, void* stream) {
+  if (pieces.count <= 0) return 0;
+  if (pieces.count > kMaxFlatPieces) return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(src_dtype, [&](auto tag) {
+    using S = decltype(tag);
+    constexpr int N = 16 / static_cast<int>(sizeof(S));
+    FlatPieces k = pieces;
+    int64_t blocks = 0;
+    for (int p = 0; p < k.count; ++p) {
+      k.vec[p] = k.n[p] % N == 0 && aligned16(k.src[p]) && aligned16(dst + k.offset[p]);
+      k.block_start[p] = blocks;
+      blocks += (k.n[p] + pack_span<N>() - 1) / pack_span<N>();
+    }
+    if (blocks == 0) return 0;
+    if (blocks > INT32_MAX) return static_cast<int>(cudaErrorInvalidValue);
+    pack_flat_kernel<S, N><<<static_cast<unsigned>(blocks), kPackThreads, 0, static_cast<cudaStream_t>(stream)>>>(k, dst);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_t row_stride, float inv_temperature,

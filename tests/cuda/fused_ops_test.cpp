@@ -12,6 +12,7 @@
 #include <hybridrl/model/log_probs.hpp>
 #include <hybridrl/rollout/paged.hpp>
 #include <hybridrl/rollout/sampler.hpp>
+#include <hybridrl/sharding/optimizer.hpp>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -95,6 +96,63 @@ TEST_SUITE("cuda/fused") {
     with_fused(false, [&] { CHECK_FALSE(fused::applies(xc)); return 0; });
     c10::AutoGradMode grad(true);
     CHECK_FALSE(fused::applies(xc));  // autograd recording: the kernels have no backward
+  }
+
+  TEST_CASE("a unit's gradients packed into its flat float buffer in one kernel: the per-piece copies, bit for bit") {
+    const auto flat_cpu = at::empty({10});
+    CHECK_FALSE(fused::pack_flat(const_cast<at::Tensor&>(flat_cpu), {}, {}, {}, 0));  // the CPU: not taken
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    at::manual_seed(11);
+    for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+      CAPTURE(dtype);
+      // odd sizes (no 16-byte loads), aligned ones, an undefined gradient, padding after the
+      // pieces, and 40 pieces (more than one launch's 32)
+      std::vector<int64_t> numels{4096, 3, 1000, 64, 7, 8192, 1};
+      while (numels.size() < 40) numels.push_back(static_cast<int64_t>(numels.size()) * 13 % 97 + 1);
+      std::vector<int64_t> offsets;
+      int64_t covered = 0;
+      for (auto n : numels) offsets.push_back(covered), covered += n;
+      std::vector<at::Tensor> parts;
+      for (size_t i = 0; i < numels.size(); ++i) {
+        parts.push_back(i == 2 ? at::Tensor()
+                               : at::randn({numels[i]}, at::TensorOptions().device(at::kCUDA).dtype(dtype)) * 10);
+      }
+      auto flat = at::full({covered + 5}, 7.0f, at::TensorOptions().device(at::kCUDA));
+      REQUIRE(fused::pack_flat(flat, parts, offsets, numels, covered));
+      auto want = at::zeros({covered + 5});
+      for (size_t i = 0; i < numels.size(); ++i) {
+        if (parts[i].defined()) want.narrow(0, offsets[i], numels[i]).copy_(parts[i].cpu().to(at::kFloat));
+      }
+      CHECK(at::equal(flat.cpu(), want));
+      // mixed dtypes or a non-contiguous part: not taken (the caller copies piece by piece)
+      auto mixed = parts;
+      mixed[0] = mixed[0].to(dtype == at::kFloat ? at::kHalf : at::kFloat);
+      CHECK_FALSE(fused::pack_flat(flat, mixed, offsets, numels, covered));
+      auto strided = parts;
+      strided[0] = at::randn({numels[0] * 2}, parts[0].options()).slice(0, 0, numels[0] * 2, 2);
+      CHECK_FALSE(fused::pack_flat(flat, strided, offsets, numels, covered));
+    }
+  }
+
+  TEST_CASE("the AdamW kernel writes the bf16 / fp16 copy of the stepped parameter: the cast of the result, bit for bit") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    at::manual_seed(12);
+    const auto f32 = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+    for (auto dtype : {at::kBFloat16, at::kHalf}) {
+      for (int64_t n : {int64_t{4099}, int64_t{8192}}) {  // the one-by-one and the 16-byte paths
+        CAPTURE(dtype);
+        CAPTURE(n);
+        auto p = at::randn({n}, f32), g = at::randn({n}, f32), m = at::zeros({n}, f32), v = at::zeros({n}, f32);
+        auto p2 = p.clone(), m2 = m.clone(), v2 = v.clone();
+        auto copy = at::full({n}, 3.0, f32.dtype(dtype));
+        const auto v0 = hybridrl::detail::version_of(p);
+        fused::adamw_step(p, g, m, v, 1e-2, 0.9, 0.999, 0.01, 1e-8, 1, {}, copy);
+        fused::adamw_step(p2, g, m2, v2, 1e-2, 0.9, 0.999, 0.01, 1e-8, 1);
+        CHECK(at::equal(p, p2));  // the parameter's step is the same with or without the copy
+        CHECK(at::equal(copy, p.to(dtype)));
+        CHECK(hybridrl::detail::version_of(p) > v0);  // an in-place write, as ATen's would count it
+      }
+    }
   }
 
   TEST_CASE("the training rotary of q and k: bit-identical to the eager ops, forward and backward") {

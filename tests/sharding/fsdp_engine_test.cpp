@@ -10,6 +10,7 @@
 #include <hybridrl/sharding/fsdp.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <string>
 #include <vector>
@@ -152,6 +153,46 @@ TEST_SUITE("sharding/fsdp_engine") {
     c.step();
     const auto sc = c.state_dict();
     for (const auto& [k, w] : w0) CHECK(max_abs(sc.at("model." + k), s.at("model." + k)) == 0.0);
+  }
+
+  TEST_CASE("the kept bf16 copy (keep_param_copy): the steps of a cast at every gather, bit for bit; a loaded state is read, not the old copy") {
+    std::vector<at::Device> devices{at::kCPU};  // the CPU: LibTorch's AdamW, the copy cast again after each step
+    if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);  // CUDA: the AdamW kernel writes the copy
+    const auto b = fsdp_batch();
+    const auto optim = OptimizerOptions{}.lr(1e-3).weight_decay(0.01);
+    auto log_probs = [&](FSDPEngine& e) {
+      c10::NoGradGuard ng;
+      return e.forward(b).tensor(keys::log_probs).cpu();
+    };
+    for (const auto& dev : devices) {
+      CAPTURE(dev.str());
+      auto make = [&](bool keep) {
+        auto m = fsdp_fixture();
+        m->to(dev);
+        return FSDPEngine(m, FSDPOptions{}.param_dtype(at::kBFloat16).keep_param_copy(keep), optim, 10);
+      };
+      auto kept = make(true), cast = make(false);
+      StateDict after_one;
+      for (int i = 0; i < 3; ++i) {
+        kept.backward(sft_loss(kept, b));
+        kept.step();
+        cast.backward(sft_loss(cast, b));
+        cast.step();
+        if (i == 0) after_one = cast.state_dict();
+        CHECK(at::equal(log_probs(kept), log_probs(cast)));
+      }
+      const auto sk = kept.state_dict(), sc = cast.state_dict();
+      for (const auto& [k, v] : sc) {
+        CAPTURE(k);
+        CHECK(at::equal(sk.at(k).cpu(), v.cpu()));
+      }
+      // a state loaded over the stepped engine: the next forward computes on the loaded weights
+      kept.load_state_dict(after_one);
+      auto fresh = make(false);
+      fresh.load_state_dict(after_one);
+      CHECK(at::equal(log_probs(kept), log_probs(fresh)));
+      CHECK_FALSE(at::equal(log_probs(kept), log_probs(cast)));  // the two states really differ
+    }
   }
 
   TEST_CASE("resume: an engine restored from state_dict continues bit for bit") {

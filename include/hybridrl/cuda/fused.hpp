@@ -24,6 +24,7 @@
 #include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "hybridrl/core/error.hpp"
 #include "hybridrl/cuda/launchers.hpp"
@@ -695,27 +696,91 @@ inline std::pair<at::Tensor, at::Tensor> token_log_prob(const at::Tensor& logits
 #endif
 }
 
+/// Whether adamw_step can write `copy` beside `param`: bfloat16 or float16, contiguous, the
+/// parameter's numel, on its device.
+[[nodiscard]] inline bool adamw_copy_applies(const at::Tensor& param, const at::Tensor& copy) {
+  return copy.defined() && (copy.scalar_type() == at::kBFloat16 || copy.scalar_type() == at::kHalf) &&
+         copy.is_contiguous() && copy.numel() == param.numel() && copy.device() == param.device();
+}
+
+/// The flat float buffer `flat` [n] (contiguous, CUDA) filled in one kernel from `parts`: part i
+/// (contiguous, float / half / bfloat16, all of one dtype; undefined = zeros) cast into
+/// [offsets[i], offsets[i] + numels[i]), and [covered, n) zeroed. False, having done nothing,
+/// where the kernel does not apply (then copy the parts one by one).
+[[nodiscard]] inline bool pack_flat(at::Tensor& flat, const std::vector<at::Tensor>& parts,
+                                    const std::vector<int64_t>& offsets, const std::vector<int64_t>& numels,
+                                    int64_t covered) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  if (!enabled() || !flat.defined() || !flat.is_cuda() || flat.scalar_type() != at::kFloat || !flat.is_contiguous()) {
+    return false;
+  }
+  std::optional<at::ScalarType> dtype;
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (i >= parts.size() || !parts[i].defined()) continue;
+    const auto& t = parts[i];
+    if (t.device() != flat.device() || !t.is_contiguous() || t.numel() != numels[i] ||
+        !detail::kernel_dtype(t.scalar_type()) || (dtype && *dtype != t.scalar_type())) {
+      return false;
+    }
+    dtype = t.scalar_type();
+  }
+  cuda::FlatPieces pieces;
+  auto flush = [&] {
+    detail::check_launch(cuda::launch_pack_flat(pieces, *detail::kernel_dtype(dtype.value_or(at::kFloat)),
+                                                flat.data_ptr<float>(), detail::stream()),
+                         "pack_flat");
+    pieces.count = 0;
+  };
+  auto add = [&](const void* src, int64_t offset, int64_t n) {
+    if (n <= 0) return;
+    if (pieces.count == cuda::kMaxFlatPieces) flush();
+    pieces.src[pieces.count] = src;
+    pieces.offset[pieces.count] = offset;
+    pieces.n[pieces.count] = n;
+    ++pieces.count;
+  };
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    const bool has = i < parts.size() && parts[i].defined();
+    add(has ? parts[i].data_ptr() : nullptr, offsets[i], numels[i]);
+  }
+  add(nullptr, covered, flat.numel() - covered);
+  if (pieces.count > 0) flush();
+  return true;
+#else
+  (void)flat, (void)parts, (void)offsets, (void)numels, (void)covered;
+  return false;
+#endif
+}
+
 /// One AdamW step of `param` (torch.optim.AdamW's formula, `step` ≥ 1 the count this step makes)
 /// from `grad`, updating the moments `exp_avg` / `exp_avg_sq` (float32, param's shape, contiguous)
 /// in place: one kernel reading each tensor once and writing param and the moments once. With
 /// `inv_scale` (0-d float32 on param's device) each gradient is divided by it as it is read (the
 /// clip factor's reciprocal; no host synchronisation). Where adamw_applies.
+/// With `copy` (bfloat16 or float16, param's numel, contiguous, on param's device; where
+/// adamw_copy_applies) the new parameter is also written there, rounded, in the same pass. The
+/// parameter's version counter is bumped, as an in-place ATen op would.
 inline void adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                        double lr, double beta1, double beta2, double weight_decay, double eps, int64_t step,
-                       const at::Tensor& inv_scale = {}) {
+                       const at::Tensor& inv_scale = {}, const at::Tensor& copy = {}) {
 #if defined(HYBRIDRL_HAS_CUDA_KERNELS)
   HYBRIDRL_CHECK(adamw_applies(param, grad) && adamw_applies(exp_avg, exp_avg_sq) && exp_avg.sizes() == param.sizes() &&
                      exp_avg.device() == param.device(),
                  "fused::adamw_step: parameter, gradient and moments must be contiguous float32 of one shape on one CUDA device",
                  "check fused::adamw_applies first (the optimizer does)");
+  HYBRIDRL_CHECK(!copy.defined() || adamw_copy_applies(param, copy),
+                 "fused::adamw_step: the copy must be a contiguous bfloat16 or float16 tensor of the parameter's size on its device",
+                 "check fused::adamw_copy_applies first");
   detail::check_launch(cuda::launch_adamw(param.data_ptr<float>(), grad.data_ptr<float>(), exp_avg.data_ptr<float>(),
                                           exp_avg_sq.data_ptr<float>(), param.numel(), lr, beta1, beta2, weight_decay,
                                           eps, step, inv_scale.defined() ? inv_scale.data_ptr<float>() : nullptr,
-                                          detail::stream()),
+                                          detail::stream(), copy.defined() ? copy.data_ptr() : nullptr,
+                                          copy.defined() ? *detail::kernel_dtype(copy.scalar_type()) : cuda::KernelDtype::bf16),
                        "adamw");
+  param.unsafeGetTensorImpl()->bump_version();
 #else
   (void)param, (void)grad, (void)exp_avg, (void)exp_avg_sq, (void)lr, (void)beta1, (void)beta2, (void)weight_decay,
-      (void)eps, (void)step, (void)inv_scale;
+      (void)eps, (void)step, (void)inv_scale, (void)copy;
   HYBRIDRL_CHECK(false, "fused::adamw_step: not linked with hybridrl::cuda", "check fused::adamw_applies first");
 #endif
 }

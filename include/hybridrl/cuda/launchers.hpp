@@ -95,9 +95,27 @@ int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride
 /// amsgrad) over n float elements in place: param, exp_avg and exp_avg_sq updated from grad, each
 /// read once and the three written once, in float with torch's fused kernel's order of operations.
 /// `inv_scale` (a float on the device, or null): each gradient is divided by it as it is read.
+/// `copy` (or null): n elements of `copy_dtype` (bf16 or f16) that get the new parameter rounded
+/// to that dtype in the same pass — a mixed-precision unit's compute copy.
 int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n, double lr,
                  double beta1, double beta2, double weight_decay, double eps, int64_t step, const float* inv_scale,
-                 void* stream);
+                 void* stream, void* copy = nullptr, KernelDtype copy_dtype = KernelDtype::bf16);
+
+/// Up to kMaxFlatPieces pieces of one flat float buffer, each from a source tensor (contiguous, of
+/// one dtype for all) or zeros (src null): dst[offset, offset + n) = float(src[0, n)).
+inline constexpr int kMaxFlatPieces = 32;
+struct FlatPieces {
+  const void* src[kMaxFlatPieces] = {};
+  int64_t offset[kMaxFlatPieces] = {};
+  int64_t n[kMaxFlatPieces] = {};
+  int64_t block_start[kMaxFlatPieces] = {};  ///< the launcher's: the first block of each piece
+  int vec[kMaxFlatPieces] = {};              ///< the launcher's: 16-byte loads allowed
+  int count = 0;
+};
+
+/// Writes every piece of `pieces` into `dst` (float) in one launch, cast from `src_dtype`: a
+/// sharded unit's parameter gradients into its flat buffer, the gaps zeroed.
+int launch_pack_flat(const FlatPieces& pieces, KernelDtype src_dtype, float* dst, void* stream);
 
 /// One token per row of `logits` [rows, vocab] (row `row_stride` elements apart): argmax of the
 /// logits (greedy) or of logits · inv_temperature + Gumbel noise from Philox-4x32-10 at counter

@@ -41,8 +41,10 @@
 #include <vector>
 
 #include "hybridrl/core/error.hpp"
+#include "hybridrl/cuda/fused.hpp"
 #include "hybridrl/distributed/communicator.hpp"
 #include "hybridrl/model/decoder.hpp"
+#include "hybridrl/sharding/optimizer.hpp"
 
 namespace hybridrl::detail::fsdp {
 
@@ -96,6 +98,9 @@ struct Unit {
   int64_t padded = 0;                              ///< numel rounded up to a multiple of the shard count
   at::Tensor slice;                                ///< [padded / shards] master dtype, a leaf with grad
   at::Device device = at::kCPU;                    ///< where the unit computes: gathers and gradients live there
+  /// this rank's slice in param_dtype, kept between uses and written by the optimizer's step
+  /// (FSDPOptions::keep_param_copy; null: cast at every gather)
+  std::shared_ptr<ParamCopy> copy;
   bool gathered = false;
   int pending = 0;  ///< kept graphs (no recompute) still to run backward through the gathered weights
 };
@@ -199,8 +204,37 @@ inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, c
 }
 
 /// The whole flat unit `u` [padded], all-gathered from the ranks' slices, in `dtype`.
+/// With the unit's kept copy in `dtype` (Unit::copy) the slice is not cast: the copy is read as it
+/// is, or cast again first if the slice changed since it was written (its version moved). On one
+/// shard the gathered weights are the copy itself (nothing but the optimizer writes it).
 inline at::Tensor gather_flat(const Unit& u, const Groups& g, at::ScalarType dtype) {
+  if (u.copy && u.copy->data.defined() && u.copy->data.scalar_type() == dtype && u.copy->data.device() == u.device) {
+    auto& c = *u.copy;
+    const auto v = hybridrl::detail::version_of(u.slice);
+    if (c.version != v) {
+      c10::NoGradGuard ng;
+      c.data.copy_(u.slice.detach());
+      c.version = v;
+    }
+    if (g.shards() == 1) return c.data;
+    return gather_slices(c.data, u.padded, g, dtype, u.device);
+  }
   return gather_slices(u.slice, u.padded, g, dtype, u.device);
+}
+
+/// Gives each trainable unit whose slice lives on its compute device a kept copy in `dtype`
+/// (Unit::copy), when `dtype` is not the slice's; returns one per unit (null where none) for
+/// Optimizer::set_param_copies, in the units' order.
+inline std::vector<std::shared_ptr<ParamCopy>> keep_param_copies(std::vector<Unit>& units, at::ScalarType dtype) {
+  std::vector<std::shared_ptr<ParamCopy>> out;
+  for (auto& u : units) {
+    if (u.slice.device() == u.device && u.slice.scalar_type() != dtype) {
+      u.copy = std::make_shared<ParamCopy>();
+      u.copy->data = at::empty({u.slice.numel()}, u.slice.options().dtype(dtype).requires_grad(false));
+    }
+    out.push_back(u.copy);
+  }
+  return out;
 }
 
 /// This rank's slice of a unit given as one tensor per parameter (full shapes): [padded / shards].
@@ -230,15 +264,12 @@ inline void release(Unit& u) {
   u.gathered = false;
 }
 
-/// The gradient of the whole unit `grads` (one per parameter, undefined = zero) reduced over the
-/// ranks into this rank's slice: [padded / shards], the average over all ranks, in `reduce_dtype`
-/// on the wire (on the unit's device), returned in the slice's dtype on the slice's device.
-inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::vector<at::Tensor>& grads,
-                                   at::ScalarType reduce_dtype) {
-  c10::NoGradGuard ng;
+/// `flat` [u.padded] = the unit's gradients `grads` (one per parameter, undefined = zero) cast into
+/// their places, the padding zeroed: one copy per parameter (what fused::pack_flat does in one
+/// kernel on CUDA).
+inline void pack_flat_eager(at::Tensor& flat, const Unit& u, const std::vector<at::Tensor>& grads) {
   // each gradient cast into its place; only what no gradient covers (an undefined one, the
   // padding) is zeroed — no fill of the whole unit before the copies (1.1 B floats a step on 1b)
-  at::Tensor flat = at::empty({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(u.device));
   for (size_t i = 0; i < u.offsets.size(); ++i) {
     const auto n = numel_of(u.shapes[i]);
     if (i < grads.size() && grads[i].defined()) {
@@ -248,6 +279,22 @@ inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::ve
     }
   }
   if (u.padded > u.numel) flat.narrow(0, u.numel, u.padded - u.numel).zero_();
+}
+
+/// The gradient of the whole unit `grads` (one per parameter, undefined = zero) reduced over the
+/// ranks into this rank's slice: [padded / shards], the average over all ranks, in `reduce_dtype`
+/// on the wire (on the unit's device), returned in the slice's dtype on the slice's device.
+inline at::Tensor reduce_unit_grad(const Unit& u, const Groups& g, const std::vector<at::Tensor>& grads,
+                                   at::ScalarType reduce_dtype) {
+  c10::NoGradGuard ng;
+  at::Tensor flat = at::empty({u.padded}, at::TensorOptions().dtype(reduce_dtype).device(u.device));
+  std::vector<int64_t> numels;
+  for (const auto& shape : u.shapes) numels.push_back(numel_of(shape));
+  // on CUDA one kernel casts every gradient into place and zeroes the rest (198 copy kernels a
+  // step on 1b before, at ~1.75 TB/s)
+  if (!fused::pack_flat(flat, grads, u.offsets, numels, u.numel)) {
+    pack_flat_eager(flat, u, grads);
+  }
   const int S = g.shards();
   if (S == 1 && !(g.replicate && g.replicate->size() > 1)) return flat.to(u.slice.device(), u.slice.scalar_type());
   at::Tensor part = at::empty({u.padded / S}, flat.options());

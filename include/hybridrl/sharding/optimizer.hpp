@@ -34,6 +34,23 @@
 
 namespace hybridrl {
 
+/// A low-precision copy of one parameter that the optimizer keeps current where it can: the
+/// fused AdamW kernel writes it in the pass that steps the parameter. `version` is the
+/// parameter's version counter the copy matches (-1: none); any other writer of the parameter (an
+/// ATen in-place op, LibTorch's AdamW, a loaded state) bumps the counter, so a reader that finds
+/// the two apart casts the parameter again (detail::fsdp::gather_flat does).
+struct ParamCopy {
+  at::Tensor data;
+  int64_t version = -1;
+};
+
+namespace detail {
+/// `t`'s version counter (bumped by every in-place write through ATen).
+[[nodiscard]] inline int64_t version_of(const at::Tensor& t) {
+  return static_cast<int64_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+}  // namespace detail
+
 /// How the learning rate moves after warm-up.
 enum class LRSchedule { constant, linear, cosine };
 HYBRIDRL_ENUM_NAMES(LRSchedule, constant, linear, cosine);
@@ -257,6 +274,16 @@ class Optimizer {
   /// to rounding (the same formula; the state keeps its layout, so state_dict is the same either way).
   void set_fused(bool on) noexcept { fused_ = on; }
 
+  /// Low-precision copies of the parameters (one per parameter in order, null for none) that
+  /// step() writes beside them when its fused kernel steps the parameter (see ParamCopy); a step
+  /// taken another way leaves them behind the parameters' version, for the reader to cast again.
+  void set_param_copies(std::vector<std::shared_ptr<ParamCopy>> copies) {
+    HYBRIDRL_CHECK(copies.empty() || copies.size() == params_.size(),
+                   fmt::format("Optimizer::set_param_copies: {} copies for {} parameters", copies.size(), params_.size()),
+                   "give one copy (or null) per parameter, or none");
+    copies_ = std::move(copies);
+  }
+
   /// Optimizer steps taken (skipped ones included).
   [[nodiscard]] int64_t steps() const noexcept { return step_; }
   /// Steps skipped because the gradients were not finite.
@@ -392,8 +419,12 @@ class Optimizer {
         c10::NoGradGuard no_grad;
         auto& param = params_[i];
         auto m = st.exp_avg(), v = st.exp_avg_sq();
+        ParamCopy* copy = i < copies_.size() ? copies_[i].get() : nullptr;
+        if (copy != nullptr && !fused::adamw_copy_applies(param, copy->data)) copy = nullptr;
         fused::adamw_step(param, param.grad(), m, v, lr, options_.beta1(), options_.beta2(), options_.weight_decay(),
-                          options_.eps(), st.step(), inv_clip.defined() ? inv_clip.to(param.device()) : at::Tensor());
+                          options_.eps(), st.step(), inv_clip.defined() ? inv_clip.to(param.device()) : at::Tensor(),
+                          copy != nullptr ? copy->data : at::Tensor());
+        if (copy != nullptr) copy->version = detail::version_of(param);  // written beside it
         continue;
       }
       if (!device_steps_[i].defined() || device_step_values_[i] != st.step() || device_steps_[i].device() != p.device()) {
@@ -423,6 +454,7 @@ class Optimizer {
   }
 
   std::vector<at::Tensor> params_;
+  std::vector<std::shared_ptr<ParamCopy>> copies_;  // set_param_copies (empty: none)
   OptimizerOptions options_;
   int64_t total_steps_;
   std::unique_ptr<torch::optim::AdamW> adam_;
