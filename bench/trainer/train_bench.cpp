@@ -1,6 +1,7 @@
 // Training benchmarks on the GPU (a bench program like bench_rollout; built where CUDA is on).
 // Prints one JSON object per measurement. Random-init Llama configs of ../shared/bench/hf_baseline.py.
-//   bench_train update 160m|1b [micro]   the policy update alone: forward + backward + AdamW of
+//   bench_train update 160m|1b [micro]   (BENCH_KEEP_PARAM_COPY=0: FSDPOptions::keep_param_copy off)
+//                                        the policy update alone: forward + backward + AdamW of
 //                                        16 × 1024 tokens through Sharding<FSDP> (fp32 master, bf16
 //                                        compute), `micro` sequences per micro-batch (default 16);
 //                                        tokens/s and MFU (6 · params · tokens / time / 989 TFLOP/s,
@@ -44,6 +45,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -81,7 +83,10 @@ int bench_update(const std::string& name, int64_t micro, const std::string& prof
   m->to(device());
   int64_t params = 0;
   for (const auto& p : m->parameters()) params += p.numel();
-  auto e = Sharding<FSDP>::make(m, FSDPOptions{}, OptimizerOptions{}.lr(1e-5), 100);
+  // BENCH_KEEP_PARAM_COPY=0: cast each unit at every gather (FSDPOptions::keep_param_copy off)
+  const char* keep = std::getenv("BENCH_KEEP_PARAM_COPY");
+  auto e = Sharding<FSDP>::make(m, FSDPOptions{}.keep_param_copy(keep == nullptr || std::string_view(keep) != "0"),
+                                OptimizerOptions{}.lr(1e-5), 100);
   auto lpo = LogProbOptions{}.with_entropy(false);
   e.set_log_prob_options(lpo);
   const int64_t B = 16, T = 1024;

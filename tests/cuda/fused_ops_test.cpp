@@ -6,6 +6,7 @@
 // switched off) the functions return nothing and the modules run their eager ops.
 
 #include <hybridrl/cuda/fused.hpp>
+#include <hybridrl/detail/compat.hpp>
 #include <hybridrl/cuda/paged_kv.hpp>
 #include <hybridrl/model/causal_lm.hpp>
 #include <hybridrl/model/layers.hpp>
@@ -751,6 +752,64 @@ TEST_SUITE("cuda/fused") {
 TEST_SUITE("cuda/varlen") {
   using namespace hybridrl;
   using hybridrl::testing::with_fused;
+
+#if HYBRIDRL_HAS_VARLEN_FLASH
+  TEST_CASE("rows of one length through cuDNN's dense attention: FlashAttention-2's values and gradients, as near the exact ones (MHA and GQA)") {
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    namespace compat = hybridrl::detail::compat;
+    struct Restore {
+      bool was = compat::cudnn_attention_enabled();
+      ~Restore() { compat::set_cudnn_attention(was); }
+    } restore;
+    at::manual_seed(21);
+    const int64_t rows = 3, L = 160, D = 64, N = rows * L;
+    for (int64_t Hkv : {int64_t{4}, int64_t{2}}) {  // H = 4: MHA, then two query heads per KV head
+      CAPTURE(Hkv);
+      compat::set_cudnn_attention(true);
+      const int64_t H = 4;
+      const auto o = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+      const auto q0 = at::randn({N, H, D}, o), k0 = at::randn({N, Hkv, D}, o), v0 = at::randn({N, Hkv, D}, o);
+      const auto go = at::randn({N, H, D}, o);
+      const auto cu = at::arange(0, N + 1, L, at::TensorOptions().device(at::kCUDA).dtype(at::kInt));
+      const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+      auto run = [&](auto&& attend) {
+        auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+        auto out = attend(q, k, v);
+        out.backward(go);
+        return std::vector<at::Tensor>{out.detach().to(at::kFloat), q.grad().to(at::kFloat), k.grad().to(at::kFloat),
+                                       v.grad().to(at::kFloat)};
+      };
+      const auto dense = run([&](auto& q, auto& k, auto& v) { return compat::dense_cudnn_attention(q, k, v, rows, scale); });
+      if (!compat::cudnn_attention_enabled()) {
+        MESSAGE("cuDNN refused these shapes: the varlen kernel serves them (dense_cudnn_attention returned nothing)");
+        continue;
+      }
+      const auto flash = run([&](auto& q, auto& k, auto& v) {
+        return compat::varlen_flash_attention(q, k, v, cu, cu, L, L, scale, std::nullopt);
+      });
+      // the exact values: float math on the same bf16 inputs, K/V heads repeated for their groups
+      const auto exact = run([&](auto& q, auto& k, auto& v) {
+        auto qf = q.to(at::kFloat).view({rows, L, H, D}).transpose(1, 2);
+        auto kf = k.to(at::kFloat).view({rows, L, Hkv, D}).transpose(1, 2).repeat_interleave(H / Hkv, 1);
+        auto vf = v.to(at::kFloat).view({rows, L, Hkv, D}).transpose(1, 2).repeat_interleave(H / Hkv, 1);
+        auto s = at::matmul(qf, kf.transpose(-1, -2)) * scale;
+        s = s.masked_fill(at::ones({L, L}, s.options().dtype(at::kBool)).triu(1), -INFINITY);
+        return at::matmul(at::softmax(s, -1), vf).transpose(1, 2).reshape({N, H, D}).to(at::kBFloat16);
+      });
+      for (size_t i = 0; i < exact.size(); ++i) {
+        CAPTURE(i);  // 0: output, 1-3: gradients of q, k, v
+        CHECK(dense[i].isfinite().all().item<bool>());
+        const double n = exact[i].norm().item<double>();
+        const double d_dense = (dense[i] - exact[i]).norm().item<double>() / n;
+        const double d_flash = (flash[i] - exact[i]).norm().item<double>() / n;
+        CAPTURE(d_dense);
+        CAPTURE(d_flash);
+        CHECK(d_dense <= 1.5 * d_flash + 1e-3);  // bf16 rounding of either kernel, no more
+        CHECK(d_dense <= 0.02);
+      }
+    }
+  }
+#endif
 
   TEST_CASE("padded and packed rows through the unpadded varlen trunk = the masked path (bf16; autocast gradients)") {
     if (!hybridrl::testing::fused_cuda_here()) return;

@@ -13,7 +13,8 @@
 /// - compat::AutocastGuard(device_type, dtype): RAII autocast on CUDA or CPU; the autocast calls
 ///   became per-device-type in LibTorch 2.4.
 /// - HYBRIDRL_HAS_VARLEN_FLASH / compat::varlen_flash_attention: FlashAttention-2's packed varlen
-///   forward (at::_flash_attention_forward with cum_seq_q/k and a sliding window; LibTorch >= 2.6).
+///   forward (at::_flash_attention_forward with cum_seq_q/k and a sliding window; LibTorch >= 2.6);
+///   compat::dense_cudnn_attention beside it: cuDNN's dense causal attention for rows of one length.
 /// - HYBRIDRL_HAS_FUSED_ADAMW / compat::fused_adamw: the multi-tensor AdamW kernel and foreach ops
 ///   with tensor scalars (LibTorch >= 2.1), used on CUDA.
 /// - HYBRIDRL_HAS_FUSED_RMS_NORM / compat::fused_rms_norm: at::_fused_rms_norm with its backward
@@ -183,7 +184,10 @@ typename Map::key_type optimizer_state_key(const at::Tensor& p) {
 #define HYBRIDRL_HAS_VARLEN_FLASH 0
 #endif
 
+#include <atomic>
+#include <cstdlib>
 #include <optional>
+#include <string_view>
 
 namespace hybridrl::detail::compat {
 
@@ -204,6 +208,47 @@ inline at::Tensor varlen_flash_attention(const at::Tensor& q, const at::Tensor& 
   auto res = at::_flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, /*dropout_p=*/0.0, /*is_causal=*/true,
                                           /*return_debug_mask=*/false, scale, left, right);
   return std::get<0>(res);
+}
+
+/// Whether dense_cudnn_attention is tried: on unless the environment says HYBRIDRL_CUDNN_ATTENTION=0,
+/// set_cudnn_attention(false) was called, or cuDNN refused a call (then off for the process).
+inline std::atomic<bool>& cudnn_attention_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("HYBRIDRL_CUDNN_ATTENTION");
+    return v == nullptr || std::string_view(v) != "0";
+  }()};
+  return on;
+}
+inline void set_cudnn_attention(bool on) noexcept { cudnn_attention_flag().store(on); }
+[[nodiscard]] inline bool cudnn_attention_enabled() noexcept { return cudnn_attention_flag().load(); }
+
+/// Causal attention of `rows` sequences of one length packed in `q` [N, H, D], `k`, `v` [N, Hkv,
+/// D] (CUDA, bf16 / fp16; N = rows × length) through cuDNN's fused dense attention
+/// (at::_scaled_dot_product_cudnn_attention on [rows, heads, length, D] views: no copy in, its
+/// backward differentiable as SDPA's) → [N, H, D]; undefined where it does not apply or cuDNN
+/// refuses the shapes (the caller runs FlashAttention-2's varlen kernel). On Hopper cuDNN's
+/// kernels run the training shapes faster than FlashAttention-2 (bench/trainer/attn_train_probe.py).
+inline at::Tensor dense_cudnn_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rows,
+                                        double scale) {
+  if (!cudnn_attention_enabled() || !q.is_cuda() || rows <= 0 || q.size(0) % rows != 0 ||
+      (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) {
+    return {};
+  }
+  const auto N = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), L = N / rows;
+  auto qd = q.view({rows, L, H, D}).transpose(1, 2);
+  auto kd = k.view({rows, L, Hkv, D}).transpose(1, 2);
+  auto vd = v.view({rows, L, Hkv, D}).transpose(1, 2);
+  try {
+    auto res = at::_scaled_dot_product_cudnn_attention(qd, kd, vd, /*attn_bias=*/std::nullopt,
+                                                       /*compute_log_sumexp=*/q.requires_grad() || k.requires_grad() ||
+                                                           v.requires_grad(),
+                                                       /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                       /*return_debug_mask=*/false, scale);
+    return std::get<0>(res).transpose(1, 2).reshape({N, H, D});
+  } catch (const c10::Error&) {
+    set_cudnn_attention(false);  // this LibTorch / cuDNN does not take these shapes: FlashAttention-2 from now on
+    return {};
+  }
 }
 #endif
 

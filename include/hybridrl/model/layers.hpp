@@ -354,9 +354,16 @@ class AttentionImpl : public torch::nn::Module {
         q = apply_rope_rows(q, cos, sin), k = apply_rope_rows(k, cos, sin);
       }
     }
-    auto a = detail::compat::varlen_flash_attention(q.to(vl.dtype), k.to(vl.dtype), v.to(vl.dtype), vl.cu_seqlens,
-                                                    vl.cu_seqlens, vl.max_seqlen, vl.max_seqlen,
-                                                    1.0 / std::sqrt(static_cast<double>(head_dim_)), vl.window);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+    q = q.to(vl.dtype), k = k.to(vl.dtype), v = v.to(vl.dtype);
+    // every row of one length (no window): cuDNN's dense kernel on [rows, heads, length, D] views
+    const auto rows = vl.cu_seqlens.size(0) - 1;
+    at::Tensor a;
+    if (!vl.window && rows * vl.max_seqlen == N) a = detail::compat::dense_cudnn_attention(q, k, v, rows, scale);
+    if (!a.defined()) {
+      a = detail::compat::varlen_flash_attention(q, k, v, vl.cu_seqlens, vl.cu_seqlens, vl.max_seqlen, vl.max_seqlen,
+                                                 scale, vl.window);
+    }
     return o_proj(a.view({1, N, heads_ * head_dim_}));
   }
 #endif
