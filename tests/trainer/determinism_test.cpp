@@ -124,8 +124,11 @@ uint64_t det_fingerprint_by_hand(const std::vector<std::pair<std::string, at::Te
     for (const char c : name) fnv = (fnv ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
     h = det_mix(h ^ det_mix(fnv ^ det_mix(static_cast<uint64_t>(t.scalar_type()) << 48 ^ bytes)));
     for (uint64_t at0 = 0; at0 < bytes; at0 += uint64_t{1} << 24) {
-      uint64_t sum = 0;
-      for (uint64_t i = 0; i < std::min<uint64_t>(uint64_t{1} << 24, bytes - at0); ++i) sum += p[at0 + i] * (i % 65521 + 1);
+      uint64_t sum = 0, w = 1;  // w = i mod 65521 + 1, counted up rather than divided (a 2^24-byte chunk)
+      for (uint64_t i = 0; i < std::min<uint64_t>(uint64_t{1} << 24, bytes - at0); ++i) {
+        sum += p[at0 + i] * w;
+        w = w == 65521 ? 1 : w + 1;
+      }
       h = det_mix(h ^ sum);
     }
   }

@@ -51,7 +51,14 @@ namespace detail {
   std::vector<at::Tensor> sums;  // one int64 per chunk, on the weights' device
   std::vector<uint64_t> heads;   // per tensor: its name, dtype and size
   std::vector<size_t> firsts;    // per tensor: its first entry in `sums`
-  at::Tensor weights;            // (i mod 65521) + 1, i < kChunk, on the device of the last tensor
+  // the position weights (i mod 65521) + 1 for i below the longest chunk these tensors need (not
+  // always 2^24: a small model's fingerprint made 128 MB of fresh int64 pages a call, most of the
+  // trainer suite's system time on the CPU), on the device of the last tensor
+  int64_t longest = 0;
+  for (const auto& nt : named) {
+    longest = std::max(longest, std::min(kChunk, nt.second.numel() * static_cast<int64_t>(nt.second.element_size())));
+  }
+  at::Tensor weights;
   for (const auto& [name, tensor] : named) {
     firsts.push_back(sums.size());
     const auto t = tensor.detach().contiguous().view({-1});
@@ -61,7 +68,7 @@ namespace detail {
     if (bytes == 0) continue;
     const auto raw = t.view(at::kByte);  // the bytes as they are stored
     if (!weights.defined() || weights.device() != raw.device()) {
-      weights = (at::arange(kChunk, at::TensorOptions().dtype(at::kLong).device(raw.device())) % 65521) + 1;
+      weights = (at::arange(longest, at::TensorOptions().dtype(at::kLong).device(raw.device())) % 65521) + 1;
     }
     for (int64_t at0 = 0; at0 < bytes; at0 += kChunk) {
       const int64_t n = std::min(kChunk, bytes - at0);
