@@ -479,7 +479,7 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
 // one piece: N-element loads (16 bytes of the source) where the piece allows them, else one by one.
 constexpr int kPackThreads = 256, kPackSteps = 4;
 template <int N>
-constexpr int64_t pack_span() { return int64_t{kPackThreads} * N * kPackSteps; }
+__host__ __device__ constexpr int64_t pack_span() { return int64_t{kPackThreads} * N * kPackSteps; }
 
 template <class S, int N>
 __global__ void pack_flat_kernel(FlatPieces pieces, float* __restrict__ dst) {

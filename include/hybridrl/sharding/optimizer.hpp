@@ -231,6 +231,11 @@ class Optimizer {
     r.grad_norm = clip_grad_norm(params_, fold ? 0.0 : max_norm, norm_group_, square_weights_, collective_device_);
     r.skipped = !r.grad_norm.isfinite().item<bool>();
     if (!r.skipped) {
+      // every copy is stale until its parameter's kernel writes it below (whatever path steps a
+      // parameter, and whether or not that path moves its version counter)
+      for (auto& c : copies_) {
+        if (c) c->version = -1;
+      }
       const auto coef = fold && max_norm > 0.0 ? clip_coefficient(r.grad_norm, max_norm) : at::Tensor();
       if (!fused_step(r.lr, coef)) {
         if (coef.defined()) {

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The update against its switches on one GPU machine, beside its peer (device tool; see
+# docs/development.md): builds and runs the CUDA suites (cuda, model, sharding), then
+# `bench_train update 160m|1b 16` as built ("base"), with cuDNN's dense attention
+# (HYBRIDRL_CUDNN_ATTENTION=1, "cudnn") and with a cast of each unit at every gather
+# (BENCH_KEEP_PARAM_COPY=0, "nokeep"), then bench/peers/update_peer.py and 3 GRPO steps of 160m —
+# each step skipped when DEADLINE (seconds from the start, default 540) would not allow it.
+#   DEADLINE=540 bash scripts/gpu_update_matrix.sh       # logs in $OUT/logs.tgz
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+OUT=${OUT:-$PWD/gpu-logs}
+L=$OUT/logs
+mkdir -p "$L"
+T0=$(date +%s)
+D=${DEADLINE:-540}
+el() { echo "[t=$(($(date +%s) - T0))s] $*"; }
+left() { echo $((D - ($(date +%s) - T0))); }
+fits() { (($(left) > $1)); }
+OUT=$L CTEST_ARGS='-R ^(cuda|model|sharding)$' timeout $((D - 20)) bash scripts/gpu_check.sh cuda_tests model_tests sharding_tests bench_train 2>&1 | tail -7
+grep -E "FAILED|ERROR|failed|refused|MESSAGE" "$L/ctest.log" | head -24 | cut -c1-300
+update() {  # model, switch
+  local env=()
+  case $2 in cudnn) env=(HYBRIDRL_CUDNN_ATTENTION=1) ;; nokeep) env=(BENCH_KEEP_PARAM_COPY=0) ;; esac
+  fits 40 || { el "skipped: update $1 $2"; return; }
+  el "update $1 $2"
+  env "${env[@]}" timeout 40 build-gpu/bench/bench_train update "$1" 16 > "$L/update-$1-$2.txt" 2>&1
+  grep '"bench"' "$L/update-$1-$2.txt" | python3 -c '
+import sys, json
+for l in sys.stdin:
+    d = json.loads(l)
+    print({k: d.get(k) for k in ("step_s", "mfu", "forward_backward_s", "optimizer_s", "step_synced_s", "peak_gb")})' ||
+    tail -3 "$L/update-$1-$2.txt" | cut -c1-300
+}
+update 160m base; update 1b base; update 160m cudnn; update 1b cudnn
+if fits 75; then
+  el peer
+  timeout 70 python3 bench/peers/update_peer.py 160m 1b > "$L/peer.txt" 2>&1
+  echo "peer rc=$?"; grep -v "^$" "$L/peer.txt" | tail -2 | cut -c1-400
+fi
+update 160m nokeep; update 1b nokeep
+if fits 50; then
+  el grpo
+  timeout $(($(left) - 5)) build-gpu/bench/bench_train grpo 160m 3 > "$L/grpo.txt" 2>&1
+  echo "grpo rc=$?"
+  python3 - "$L/grpo.txt" <<'PY'
+import sys, json
+for l in open(sys.argv[1]):
+    if not l.startswith('{'):
+        continue
+    try:
+        d = json.loads(l)
+    except ValueError:
+        continue
+    keep = ("step", "generate", "reference", "update", "busy", "log_prob")
+    print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items() if any(s in k for s in keep)})
+PY
+fi
+el finished
+(cd "$L" && tar czf ../logs.tgz . ) && rm -rf "$L"
