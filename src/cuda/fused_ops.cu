@@ -475,8 +475,8 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
 
 // ---- a unit's gradients cast into its flat float buffer, one launch ----
 // Each piece is a source tensor (or none: zeros) written to dst[offset, offset + n) in float.
-// Blocks are dealt to the pieces in order (block_start), each block covering kPackSpan elements of
-// one piece: N-element loads (16 bytes of the source) where the piece allows them, else one by one.
+// Blocks are dealt to the pieces in order (block_start), each block covering pack_span<N>() elements
+// of one piece: N-element loads (16 bytes of the source) where the piece allows them, else one by one.
 constexpr int kPackThreads = 256, kPackSteps = 4;
 template <int N>
 __host__ __device__ constexpr int64_t pack_span() { return int64_t{kPackThreads} * N * kPackSteps; }

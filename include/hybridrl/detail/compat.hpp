@@ -228,8 +228,9 @@ inline void set_cudnn_attention(bool on) noexcept { cudnn_attention_flag().store
 /// D] (CUDA, bf16 / fp16; N = rows × length) through cuDNN's fused dense attention
 /// (at::_scaled_dot_product_cudnn_attention on [rows, heads, length, D] views: no copy in, its
 /// backward differentiable as SDPA's) → [N, H, D]; undefined where it does not apply or cuDNN
-/// refuses the shapes (the caller runs FlashAttention-2's varlen kernel). On Hopper cuDNN's
-/// kernels run the training shapes faster than FlashAttention-2 (bench/trainer/attn_train_probe.py).
+/// refuses the shapes (the caller runs FlashAttention-2's varlen kernel). Whether it beats
+/// FlashAttention-2 at the update's shapes is not measured yet (bench/trainer/attn_train_probe.py,
+/// scripts/gpu_update_matrix.sh): hence opt-in.
 inline at::Tensor dense_cudnn_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t rows,
                                         double scale) {
   if (!cudnn_attention_enabled() || !q.is_cuda() || rows <= 0 || q.size(0) % rows != 0 ||

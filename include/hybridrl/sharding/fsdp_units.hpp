@@ -204,11 +204,11 @@ inline at::Tensor gather_slices(const at::Tensor& local_slice, int64_t padded, c
 }
 
 /// The whole flat unit `u` [padded], all-gathered from the ranks' slices, in `dtype`.
-/// With the unit's kept copy in `dtype` (Unit::copy) the slice is not cast: the copy is read as it
-/// is, or cast again first if the slice changed since it was written (its version moved). On one
-/// shard the gathered weights are the copy itself (nothing but the optimizer writes it).
+/// A unit of one shard with its kept copy in `dtype` (Unit::copy) is not cast: the gathered
+/// weights are the copy itself (nothing but the optimizer writes it), cast again first if the
+/// slice changed since it was written (its version moved).
 inline at::Tensor gather_flat(const Unit& u, const Groups& g, at::ScalarType dtype) {
-  if (u.copy && u.copy->data.defined() && u.copy->data.scalar_type() == dtype && u.copy->data.device() == u.device) {
+  if (u.copy && g.shards() == 1 && u.copy->data.scalar_type() == dtype) {
     auto& c = *u.copy;
     const auto v = hybridrl::detail::version_of(u.slice);
     if (c.version != v) {
@@ -216,15 +216,15 @@ inline at::Tensor gather_flat(const Unit& u, const Groups& g, at::ScalarType dty
       c.data.copy_(u.slice.detach());
       c.version = v;
     }
-    if (g.shards() == 1) return c.data;
-    return gather_slices(c.data, u.padded, g, dtype, u.device);
+    return c.data;
   }
   return gather_slices(u.slice, u.padded, g, dtype, u.device);
 }
 
 /// Gives each trainable unit whose slice lives on its compute device a kept copy in `dtype`
 /// (Unit::copy), when `dtype` is not the slice's; returns one per unit (null where none) for
-/// Optimizer::set_param_copies, in the units' order.
+/// Optimizer::set_param_copies, in the units' order. For units of one shard (gather_flat reads
+/// the copy only there).
 inline std::vector<std::shared_ptr<ParamCopy>> keep_param_copies(std::vector<Unit>& units, at::ScalarType dtype) {
   std::vector<std::shared_ptr<ParamCopy>> out;
   for (auto& u : units) {
