@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The update against its switches on one GPU machine, beside its peer (device tool; see
 # docs/development.md): builds and runs the CUDA suites (cuda, model, sharding), then
-# `bench_train update 160m|1b 16` as built ("base"), with cuDNN's dense attention
-# (HYBRIDRL_CUDNN_ATTENTION=1, "cudnn") and with a cast of each unit at every gather
-# (BENCH_KEEP_PARAM_COPY=0, "nokeep"), then bench/peers/update_peer.py and 3 GRPO steps of 160m —
-# each step skipped when DEADLINE (seconds from the start, default 540) would not allow it.
+# `bench_train update 160m|1b 16` as built ("base"), with FlashAttention-2 instead of cuDNN's dense
+# attention (HYBRIDRL_CUDNN_ATTENTION=0, "flash") and with a cast of each unit at every gather
+# (BENCH_KEEP_PARAM_COPY=0, "nokeep"), then bench/peers/update_peer.py and 3 GRPO steps of each
+# model in GRPO_MODELS (default 160m) — each step skipped when DEADLINE (seconds from the start,
+# default 540) would not allow it. SUITES (default cuda|model|sharding) picks the CUDA suites.
 #   DEADLINE=540 bash scripts/gpu_update_matrix.sh       # logs in $OUT/logs.tgz
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -16,11 +17,14 @@ D=${DEADLINE:-540}
 el() { echo "[t=$(($(date +%s) - T0))s] $*"; }
 left() { echo $((D - ($(date +%s) - T0))); }
 fits() { (($(left) > $1)); }
-OUT=$L CTEST_ARGS='-R ^(cuda|model|sharding)$' timeout $((D - 20)) bash scripts/gpu_check.sh cuda_tests model_tests sharding_tests bench_train 2>&1 | tail -7
+SUITES=${SUITES:-cuda|model|sharding}
+targets=()
+for s in ${SUITES//|/ }; do targets+=("${s}_tests"); done
+OUT=$L CTEST_ARGS="-R ^($SUITES)\$" timeout $((D - 20)) bash scripts/gpu_check.sh "${targets[@]}" bench_train 2>&1 | tail -7
 grep -E "FAILED|ERROR|failed|refused|MESSAGE" "$L/ctest.log" | head -24 | cut -c1-300
 update() {  # model, switch
   local env=()
-  case $2 in cudnn) env=(HYBRIDRL_CUDNN_ATTENTION=1) ;; nokeep) env=(BENCH_KEEP_PARAM_COPY=0) ;; esac
+  case $2 in flash) env=(HYBRIDRL_CUDNN_ATTENTION=0) ;; nokeep) env=(BENCH_KEEP_PARAM_COPY=0) ;; esac
   fits 40 || { el "skipped: update $1 $2"; return; }
   el "update $1 $2"
   env "${env[@]}" timeout 40 build-gpu/bench/bench_train update "$1" 16 > "$L/update-$1-$2.txt" 2>&1
@@ -31,18 +35,19 @@ for l in sys.stdin:
     print({k: d.get(k) for k in ("step_s", "mfu", "forward_backward_s", "optimizer_s", "step_synced_s", "peak_gb")})' ||
     tail -3 "$L/update-$1-$2.txt" | cut -c1-300
 }
-update 160m base; update 1b base; update 160m cudnn; update 1b cudnn
+update 160m base; update 1b base; update 160m flash; update 1b flash
 if fits 75; then
   el peer
   timeout 70 python3 bench/peers/update_peer.py 160m 1b > "$L/peer.txt" 2>&1
   echo "peer rc=$?"; grep -v "^$" "$L/peer.txt" | tail -2 | cut -c1-400
 fi
 update 160m nokeep; update 1b nokeep
-if fits 50; then
-  el grpo
-  timeout $(($(left) - 5)) build-gpu/bench/bench_train grpo 160m 3 > "$L/grpo.txt" 2>&1
-  echo "grpo rc=$?"
-  python3 - "$L/grpo.txt" <<'PY'
+grpo() {  # model, seconds it needs
+  fits "$2" || { el "skipped: grpo $1"; return; }
+  el "grpo $1"
+  timeout $(($(left) - 5)) build-gpu/bench/bench_train grpo "$1" 3 > "$L/grpo-$1.txt" 2>&1
+  echo "grpo $1 rc=$?"
+  python3 - "$L/grpo-$1.txt" <<'PY'
 import sys, json
 for l in open(sys.argv[1]):
     if not l.startswith('{'):
@@ -54,6 +59,9 @@ for l in open(sys.argv[1]):
     keep = ("step", "generate", "reference", "update", "busy", "log_prob")
     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items() if any(s in k for s in keep)})
 PY
-fi
+}
+for m in ${GRPO_MODELS:-160m}; do
+  case $m in 1b) grpo 1b 60 ;; *) grpo "$m" 30 ;; esac
+done
 el finished
 (cd "$L" && tar czf ../logs.tgz . ) && rm -rf "$L"

@@ -158,14 +158,14 @@ TEST_SUITE("sharding/fsdp_engine") {
   TEST_CASE("the kept bf16 copy (keep_param_copy): the steps of a cast at every gather, bit for bit; a loaded state is read, not the old copy") {
     std::vector<at::Device> devices{at::kCPU};  // the CPU: LibTorch's AdamW, the copy cast again after each step
     if (at::hasCUDA()) devices.emplace_back(at::kCUDA, 0);  // CUDA: the AdamW kernel writes the copy
-    const auto b = fsdp_batch();
     const auto optim = OptimizerOptions{}.lr(1e-3).weight_decay(0.01);
-    auto log_probs = [&](FSDPEngine& e) {
-      c10::NoGradGuard ng;
-      return e.forward(b).tensor(keys::log_probs).cpu();
-    };
     for (const auto& dev : devices) {
       CAPTURE(dev.str());
+      const auto b = fsdp_batch().to(dev);
+      auto log_probs = [&](FSDPEngine& e) {
+        c10::NoGradGuard ng;
+        return e.forward(b).tensor(keys::log_probs).cpu();
+      };
       auto make = [&](bool keep) {
         auto m = fsdp_fixture();
         m->to(dev);

@@ -785,7 +785,7 @@ inline void adamw_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& ex
 #endif
 }
 
-/// One draw per row of `logits` [B, V]/// One draw per row of `logits` [B, V] (rollout/sampler.hpp's rule without top-k / top-p / min-p /
+/// One draw per row of `logits` [B, V] (rollout/sampler.hpp's rule without top-k / top-p / min-p /
 /// banned tokens): {tokens int64 [B], log_probs float [B]}, or undefined tensors where the kernel
 /// does not apply. `temperature` 0 = greedy. seeds / samples / positions: int64 [B] on the device.
 inline std::pair<at::Tensor, at::Tensor> sample(const at::Tensor& logits, double temperature, const at::Tensor& seeds,
