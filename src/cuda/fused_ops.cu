@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "hybridrl/cuda/launchers.hpp"
+#include "launch.cuh"
 
 namespace hybridrl::cuda {
 namespace {
@@ -79,6 +80,7 @@ template <class T>
 __global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ residual_out,
                                 const T* __restrict__ weight, T* __restrict__ out, float* __restrict__ rstd,
                                 int64_t dim, float eps) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * dim;
@@ -144,6 +146,7 @@ template <class T, int P>
 __global__ void rms_norm_vec_kernel(const T* __restrict__ x, const T* __restrict__ residual,
                                     T* __restrict__ residual_out, const T* __restrict__ weight, T* __restrict__ out,
                                     float* __restrict__ rstd, int64_t dim, float eps) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   constexpr int N = 16 / sizeof(T);
   __shared__ float slot[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
@@ -199,6 +202,7 @@ __global__ void __launch_bounds__(1024) rms_norm_backward_vec_kernel(const T* __
                                              const T* __restrict__ dres, const T* __restrict__ weight,
                                              const float* __restrict__ rstd, T* __restrict__ dx,
                                              float* __restrict__ dw_partial, int64_t rows, int64_t dim) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   // one 16-byte pack of the row per thread (rows up to 1024 packs; wider rows take LibTorch's
   // kernel: four packs a thread ran out of registers at 1024 threads)
   constexpr int N = 16 / sizeof(T);
@@ -262,6 +266,7 @@ __global__ void rope_kernel(const T* q_in, const T* k_in, const T* v_in, int64_t
                             int64_t k_out_stride, int64_t v_out_stride, const T* __restrict__ cos,
                             const T* __restrict__ sin, int heads, int kv_heads, int head_dim, T* key_cache,
                             T* value_cache, const int64_t* __restrict__ slots, int64_t num_slots) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const int64_t token = blockIdx.x;
   int64_t slot = slots != nullptr ? slots[token] : -1;
   if (slot >= num_slots) slot = -1;  // outside the cache: skipped, as write_kv_to_cache's kernel does
@@ -308,6 +313,7 @@ __global__ void rope_vec_kernel(const T* q_in, const T* k_in, const T* v_in, int
                                 int64_t k_out_stride, int64_t v_out_stride, const T* __restrict__ cos,
                                 const T* __restrict__ sin, int64_t tokens, int heads, int kv_heads, int head_dim,
                                 T* key_cache, T* value_cache, const int64_t* __restrict__ slots, int64_t num_slots) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   constexpr int N = 16 / sizeof(T);
   using P = uint4;
   const int half = head_dim / 2, chunks = half / N;  // per head
@@ -380,6 +386,7 @@ __device__ __forceinline__ T silu_mul_value(float g, float u) {
 template <class T, int N>
 __global__ void silu_mul_kernel(const T* __restrict__ gate, const T* __restrict__ up, int64_t in_stride,
                                 T* __restrict__ out, int64_t rows, int64_t cols) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const int64_t groups = cols / N;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const auto* g = reinterpret_cast<const Pack<T, N>*>(gate + r * in_stride);
@@ -406,6 +413,7 @@ template <class T, int N>
 __global__ void silu_mul_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up, int64_t in_stride,
                                          const T* __restrict__ grad_out, T* __restrict__ grad_gate,
                                          T* __restrict__ grad_up, int64_t out_stride, int64_t rows, int64_t cols) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const int64_t groups = cols / N;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const auto* g = reinterpret_cast<const Pack<T, N>*>(gate + r * in_stride);
@@ -443,6 +451,7 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
                              float* __restrict__ v, int64_t n, float lr_wd, float beta1, float beta2, float eps,
                              float step_size, float bc2_sqrt, const float* __restrict__ inv_scale,
                              C* __restrict__ copy = nullptr) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const float inv = inv_scale != nullptr ? *inv_scale : 1.0f;
   const int64_t groups = n / N;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < groups;
@@ -483,6 +492,7 @@ __host__ __device__ constexpr int64_t pack_span() { return int64_t{kPackThreads}
 
 template <class S, int N>
 __global__ void pack_flat_kernel(FlatPieces pieces, float* __restrict__ dst) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   int p = 0;
   while (p + 1 < pieces.count && static_cast<int64_t>(blockIdx.x) >= pieces.block_start[p + 1]) ++p;
   const int64_t n = pieces.n[p];
@@ -590,6 +600,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(const T* __restrict__ logits, int64_t vocab, int64_t row_stride, float inv_temperature, bool greedy,
                   const int64_t* __restrict__ seeds, const int64_t* __restrict__ samples,
                   const int64_t* __restrict__ positions, int64_t* __restrict__ tokens, float* __restrict__ log_probs) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   __shared__ DrawState shared[kSampleThreads / 32];
   const int64_t row = blockIdx.x;
   const T* x = logits + row * row_stride;
@@ -693,6 +704,7 @@ __global__ void token_log_prob_kernel(const T* __restrict__ logits, int64_t voca
                                       const int64_t* __restrict__ labels, float inv, bool vec,
                                       float* __restrict__ log_probs, float* __restrict__ entropy,
                                       float* __restrict__ lse_out, float* __restrict__ mean_out) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* l = logits + row * row_stride;
@@ -726,6 +738,7 @@ __global__ void token_log_prob_backward_kernel(const T* __restrict__ logits, int
                                                const float* __restrict__ lse, const float* __restrict__ mean,
                                                const float* __restrict__ grad_log_probs,
                                                const float* __restrict__ grad_entropy, T* __restrict__ grad) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const int64_t row = blockIdx.x;
   const T* l = logits + row * row_stride;
   T* g = grad + row * vocab;
@@ -815,11 +828,11 @@ int launch_rms_norm(const void* x, const void* residual, void* residual_out, con
     const auto blocks = static_cast<unsigned>(rows);
     if (vec) {
       const int threads = rms_norm_threads(dim, eb, packs);
-      if (packs == 1) rms_norm_vec_kernel<T, 1><<<blocks, threads, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
-      if (packs == 2) rms_norm_vec_kernel<T, 2><<<blocks, threads, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
-      if (packs == 4) rms_norm_vec_kernel<T, 4><<<blocks, threads, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
+      if (packs == 1) detail::launch(rms_norm_vec_kernel<T, 1>, blocks, threads, 0, s, xt, rt, ht, wt, ot, rstd, dim, eps);
+      if (packs == 2) detail::launch(rms_norm_vec_kernel<T, 2>, blocks, threads, 0, s, xt, rt, ht, wt, ot, rstd, dim, eps);
+      if (packs == 4) detail::launch(rms_norm_vec_kernel<T, 4>, blocks, threads, 0, s, xt, rt, ht, wt, ot, rstd, dim, eps);
     } else {
-      rms_norm_kernel<T><<<blocks, dim >= 2048 ? 512 : 256, 0, s>>>(xt, rt, ht, wt, ot, rstd, dim, eps);
+      detail::launch(rms_norm_kernel<T>, blocks, dim >= 2048 ? 512 : 256, 0, s, xt, rt, ht, wt, ot, rstd, dim, eps);
     }
     return static_cast<int>(cudaGetLastError());
   });
@@ -862,7 +875,7 @@ int launch_rms_norm_backward(const void* h, const void* grad_out, const void* gr
                                       static_cast<const T*>(grad_residual), static_cast<const T*>(weight), rstd,
                                       static_cast<T*>(grad_in), grad_weight_partial, rows, dim);
     const auto g = static_cast<unsigned>(blocks);
-    std::apply([&](auto... a) { rms_norm_backward_vec_kernel<T><<<g, threads, 0, s>>>(a...); }, args);
+    std::apply([&](auto... a) { detail::launch(rms_norm_backward_vec_kernel<T>, g, threads, 0, s, a...); }, args);
     return static_cast<int>(cudaGetLastError());
   });
 }
@@ -891,14 +904,14 @@ int launch_rope(const void* q_in, const void* k_in, const void* v_in, int64_t q_
     if (vec) {
       const int64_t items = tokens * ((heads + kv_heads) * head_dim / 2 / N + (v_in != nullptr ? kv_heads * head_dim / N : 0));
       const int64_t blocks = std::min<int64_t>((items + 255) / 256, int64_t{1} << 20);
-      rope_vec_kernel<T><<<static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      detail::launch(rope_vec_kernel<T>, static_cast<unsigned>(blocks), 256, 0, static_cast<cudaStream_t>(stream),
           static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
           v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), q_out_stride, k_out_stride,
           v_out_stride, static_cast<const T*>(cos), static_cast<const T*>(sin), tokens, static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
           static_cast<T*>(key_cache), static_cast<T*>(value_cache), slot_mapping, num_slots);
       return static_cast<int>(cudaGetLastError());
     }
-    rope_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, static_cast<cudaStream_t>(stream)>>>(
+    detail::launch(rope_kernel<T>, static_cast<unsigned>(tokens), threads, 0, static_cast<cudaStream_t>(stream),
         static_cast<const T*>(q_in), static_cast<const T*>(k_in), static_cast<const T*>(v_in), q_stride, k_stride,
         v_stride, static_cast<T*>(q_out), static_cast<T*>(k_out), static_cast<T*>(v_out), q_out_stride, k_out_stride,
         v_out_stride, static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<int>(heads), static_cast<int>(kv_heads), static_cast<int>(head_dim),
@@ -920,10 +933,10 @@ int launch_silu_mul(const void* gate, const void* up, int64_t in_stride, void* o
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((groups + threads - 1) / threads, 1024)),
                     static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
     if (vec) {
-      silu_mul_kernel<T, n><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      detail::launch(silu_mul_kernel<T, n>, grid, threads, 0, static_cast<cudaStream_t>(stream),
           static_cast<const T*>(gate), static_cast<const T*>(up), in_stride, static_cast<T*>(out), rows, cols);
     } else {
-      silu_mul_kernel<T, 1><<<grid, threads, 0, static_cast<cudaStream_t>(stream)>>>(
+      detail::launch(silu_mul_kernel<T, 1>, grid, threads, 0, static_cast<cudaStream_t>(stream),
           static_cast<const T*>(gate), static_cast<const T*>(up), in_stride, static_cast<T*>(out), rows, cols);
     }
     return static_cast<int>(cudaGetLastError());
@@ -948,9 +961,9 @@ int launch_silu_mul_backward(const void* gate, const void* up, int64_t in_stride
                                       static_cast<T*>(grad_up), out_stride, rows, cols);
     const auto s = static_cast<cudaStream_t>(stream);
     if (vec) {
-      std::apply([&](auto... a) { silu_mul_backward_kernel<T, w><<<grid, threads, 0, s>>>(a...); }, args);
+      std::apply([&](auto... a) { detail::launch(silu_mul_backward_kernel<T, w>, grid, threads, 0, s, a...); }, args);
     } else {
-      std::apply([&](auto... a) { silu_mul_backward_kernel<T, 1><<<grid, threads, 0, s>>>(a...); }, args);
+      std::apply([&](auto... a) { detail::launch(silu_mul_backward_kernel<T, 1>, grid, threads, 0, s, a...); }, args);
     }
     return static_cast<int>(cudaGetLastError());
   });
@@ -977,9 +990,9 @@ int launch_adamw(float* param, const float* grad, float* exp_avg, float* exp_avg
     using C = decltype(tag);
     C* c = static_cast<C*>(copy);
     if (vec) {
-      std::apply([&](auto... a) { adamw_kernel<4, C><<<blocks, threads, 0, s>>>(a..., c); }, args);
+      std::apply([&](auto... a) { detail::launch(adamw_kernel<4, C>, blocks, threads, 0, s, a..., c); }, args);
     } else {
-      std::apply([&](auto... a) { adamw_kernel<1, C><<<blocks, threads, 0, s>>>(a..., c); }, args);
+      std::apply([&](auto... a) { detail::launch(adamw_kernel<1, C>, blocks, threads, 0, s, a..., c); }, args);
     }
     return static_cast<int>(cudaGetLastError());
   };
@@ -1002,7 +1015,7 @@ int launch_pack_flat(const FlatPieces& pieces, KernelDtype src_dtype, float* dst
     }
     if (blocks == 0) return 0;
     if (blocks > INT32_MAX) return static_cast<int>(cudaErrorInvalidValue);
-    pack_flat_kernel<S, N><<<static_cast<unsigned>(blocks), kPackThreads, 0, static_cast<cudaStream_t>(stream)>>>(k, dst);
+    detail::launch(pack_flat_kernel<S, N>, static_cast<unsigned>(blocks), kPackThreads, 0, static_cast<cudaStream_t>(stream), k, dst);
     return static_cast<int>(cudaGetLastError());
   });
 }
@@ -1013,7 +1026,7 @@ int launch_sample_tokens(const void* logits, int64_t rows, int64_t vocab, int64_
   if (rows == 0) return 0;
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    sample_kernel<T><<<static_cast<unsigned>(rows), kSampleThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    detail::launch(sample_kernel<T>, static_cast<unsigned>(rows), kSampleThreads, 0, static_cast<cudaStream_t>(stream),
         static_cast<const T*>(logits), vocab, row_stride, inv_temperature, greedy, seeds, samples, positions, tokens,
         log_probs);
     return static_cast<int>(cudaGetLastError());
@@ -1026,7 +1039,7 @@ int launch_token_log_prob(const void* logits, int64_t rows, int64_t vocab, int64
   if (rows == 0) return 0;
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    token_log_prob_kernel<T><<<static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    detail::launch(token_log_prob_kernel<T>, static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream),
         static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature,
         aligned_rows(logits, row_stride * static_cast<int64_t>(sizeof(T))), log_probs, entropy, lse, mean);
     return static_cast<int>(cudaGetLastError());
@@ -1040,8 +1053,7 @@ int launch_token_log_prob_backward(const void* logits, int64_t rows, int64_t voc
   if (rows == 0) return 0;
   return by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    token_log_prob_backward_kernel<T>
-        <<<static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+    detail::launch(token_log_prob_backward_kernel<T>, static_cast<unsigned>(rows), kLogProbThreads, 0, static_cast<cudaStream_t>(stream),
             static_cast<const T*>(logits), vocab, row_stride, labels, inv_temperature,
             aligned_rows(logits, row_stride * static_cast<int64_t>(sizeof(T))) &&
                 aligned_rows(grad, vocab * static_cast<int64_t>(sizeof(T))),
@@ -1049,5 +1061,8 @@ int launch_token_log_prob_backward(const void* logits, int64_t rows, int64_t voc
     return static_cast<int>(cudaGetLastError());
   });
 }
+
+void set_programmatic_launch(bool on) { detail::programmatic_launch_flag().store(on ? 1 : 0); }
+bool programmatic_launch() { return detail::programmatic_launch_flag().load() != 0; }
 
 }  // namespace hybridrl::cuda

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "hybridrl/cuda/launchers.hpp"
+#include "launch.cuh"
 
 namespace hybridrl::cuda {
 namespace {
@@ -77,6 +78,7 @@ __global__ void __launch_bounds__(kThreads)
                         const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
                         T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads, int block_size,
                         int max_blocks, int splits, int window, float scale) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   constexpr int VEC = Vec<T>::n;
   constexpr int LPT = D / VEC;        // lanes per token row
   constexpr int TPW = 32 / LPT;       // tokens per warp step
@@ -269,6 +271,7 @@ __global__ void __launch_bounds__(kThreads)
                             const int32_t* __restrict__ block_tables, const int32_t* __restrict__ context_lens,
                             T* __restrict__ out, float* __restrict__ workspace, int heads, int kv_heads,
                             int block_size, int max_blocks, int splits, int window, float scale) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   static_assert(G >= 1 && G <= 8 && D % 16 == 0, "tensor-core decode: G <= 8 query heads per KV head, D % 16 == 0");
   static_assert(STAGES >= 2 && STAGES <= 4, "2 to 4 pipeline stages");
   static_assert(Vec<T>::n == 8, "16-bit elements");
@@ -444,6 +447,7 @@ __global__ void __launch_bounds__(kThreads)
 template <class T, int D>
 __global__ void paged_decode_merge_kernel(const float* __restrict__ workspace, T* __restrict__ out, int heads,
                                           int splits) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const int seq = blockIdx.x, h = blockIdx.y;
   const int64_t sh = static_cast<int64_t>(seq) * heads + h;
   const int64_t num = static_cast<int64_t>(gridDim.x) * heads * splits;
@@ -494,17 +498,17 @@ int launch_group(const void* q, const void* kc, const void* vc, const int32_t* b
       return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k3, kThreads, smem3) == cudaSuccess ? n : 0;
     }();
     if (stages == 0) stages = mma_stages(per_sm3, static_cast<int64_t>(S) * Hkv * splits);
-    (stages >= 3 ? k3 : k2)<<<grid, kThreads, stages >= 3 ? smem3 : smem2, stream>>>(
+    detail::launch((stages >= 3 ? k3 : k2), grid, kThreads, stages >= 3 ? smem3 : smem2, stream,
         static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
         ws, H, Hkv, bs, max_blocks, splits, window, scale);
   } else {
-    paged_decode_kernel<T, D, G><<<grid, kThreads, 0, stream>>>(
+    detail::launch(paged_decode_kernel<T, D, G>, grid, kThreads, 0, stream,
         static_cast<const T*>(q), static_cast<const T*>(kc), static_cast<const T*>(vc), bt, cl, static_cast<T*>(out),
         ws, H, Hkv, bs, max_blocks, splits, window, scale);
   }
   if (splits > 1) {
-    paged_decode_merge_kernel<T, D><<<dim3(static_cast<unsigned>(S), static_cast<unsigned>(H)), D < 128 ? D : 128, 0,
-                                      stream>>>(ws, static_cast<T*>(out), H, splits);
+    detail::launch(paged_decode_merge_kernel<T, D>, dim3(static_cast<unsigned>(S), static_cast<unsigned>(H)), D < 128 ? D : 128, 0,
+                                      stream, ws, static_cast<T*>(out), H, splits);
   }
   return static_cast<int>(cudaGetLastError());
 }

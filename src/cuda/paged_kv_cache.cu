@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "hybridrl/cuda/launchers.hpp"
+#include "launch.cuh"
 
 namespace hybridrl::cuda {
 namespace {
@@ -17,6 +18,7 @@ __global__ void write_kv_to_cache_kernel(const T* __restrict__ key, const T* __r
                                          T* __restrict__ key_cache, T* __restrict__ value_cache,
                                          const int64_t* __restrict__ slot_mapping,
                                          int64_t row_elems, int64_t num_slots) {
+  detail::wait_for_prior_grids();  // PDL: the grid this one follows is done (src/cuda/launch.cuh)
   const int64_t token = blockIdx.x;
   const int64_t slot = slot_mapping[token];
   if (slot < 0 || slot >= num_slots) return;  // padding token, or out of range: nothing written
@@ -47,7 +49,7 @@ int launch(const void* key, const void* value, void* key_cache, void* value_cach
            cudaStream_t stream) {
   if (num_tokens == 0) return 0;
   const int threads = row_elems >= 1024 ? 256 : 128;
-  write_kv_to_cache_kernel<T><<<static_cast<unsigned>(num_tokens), threads, 0, stream>>>(
+  detail::launch(write_kv_to_cache_kernel<T>, static_cast<unsigned>(num_tokens), threads, 0, stream,
       static_cast<const T*>(key), static_cast<const T*>(value), static_cast<T*>(key_cache),
       static_cast<T*>(value_cache), slots, row_elems, num_slots);
   return static_cast<int>(cudaGetLastError());

@@ -5,6 +5,7 @@
 // Paged generation with the kernels on and off. Where they do not apply (CPU, autograd recording,
 // switched off) the functions return nothing and the modules run their eager ops.
 
+#include <hybridrl/core/device.hpp>
 #include <hybridrl/cuda/fused.hpp>
 #include <hybridrl/detail/compat.hpp>
 #include <hybridrl/cuda/paged_kv.hpp>
@@ -746,6 +747,71 @@ TEST_SUITE("cuda/fused") {
     const auto a = with_fused(false, gen);
     const auto b = gen();
     CHECK(at::equal(a, b));
+  }
+
+  TEST_CASE("programmatic dependent launches (HYBRIDRL_PDL=1): a bf16 Paged generation in CUDA graphs, a training forward and its gradients, as plain launches") {
+    // each kernel waits for the one before it at its first instruction: the same kernels on the
+    // same data, so generation (tokens and log-probs) is the same bit for bit; the training
+    // gradients differ only as much as two plain runs differ (atomics in the attention's backward)
+    if (!hybridrl::testing::fused_cuda_here()) return;
+    struct Restore {
+      bool was = fused::programmatic_launch();
+      ~Restore() { fused::set_programmatic_launch(was); }
+    } restore;
+    const auto devices = device_info().devices;
+    if (!devices.empty() && devices.front().compute_major < 9) {
+      MESSAGE("compute capability " << devices.front().compute_major << ": plain launches either way (PDL needs sm_90)");
+    }
+    const auto c = hybridrl::testing::kernel_shaped_config();
+    at::manual_seed(5);
+    CausalLM m(c);
+    m->to(at::kCUDA, at::kBFloat16);
+    m->model->fuse_projections();
+    m->eval();
+    const auto prompts = hybridrl::testing::prompt_batch({{5, 9, 33, 2, 71, 8}, {17, 3}, {100, 101, 102, 103, 104, 105, 106}});
+    const auto s = SamplingOptions{}.temperature(1.0).max_new_tokens(24).ignore_eos(true).seed(9);
+    auto gen = [&](bool pdl) {
+      fused::set_programmatic_launch(pdl);
+      c10::NoGradGuard ng;
+      PagedEngine e(m, PagedOptions{}.kv_cache_tokens(4096));
+      auto out = e.generate(prompts, s);
+      CHECK(e.stats().graph_steps >= 20);
+      return std::make_pair(out.tensor(keys::responses).cpu(), out.tensor(keys::rollout_log_probs).cpu());
+    };
+    const auto [r0, l0] = gen(false);
+    const auto [r1, l1] = gen(true);
+    CHECK(fused::programmatic_launch());
+    CHECK(at::equal(r0, r1));
+    CHECK(at::equal(l0, l1));
+    // training: rows with padding through the varlen trunk and the training kernels (rotary, norms,
+    // SiLU·up, the head's log-prob), forward and backward
+    const auto ids = at::randint(0, c.vocab_size, {3, 11}).cuda();
+    auto mask = at::ones({3, 11}, at::kLong);
+    mask[1].narrow(0, 0, 4).fill_(0);
+    mask = mask.cuda();
+    m->train();
+    auto step = [&](bool pdl) {
+      fused::set_programmatic_launch(pdl);
+      for (auto& p : m->parameters()) p.mutable_grad().reset();
+      auto lp = token_log_probs(m, ids, ForwardArgs{}.attention_mask(mask)).log_probs;
+      const auto valid = mask.to(lp.scalar_type());
+      (-(lp * valid).sum() / valid.sum()).backward();
+      std::map<std::string, at::Tensor> g;
+      for (const auto& item : m->named_parameters()) g[item.key()] = item.value().grad().to(at::kDouble);
+      return std::make_pair((lp * valid).detach(), g);
+    };
+    const auto [f0, g0] = step(false);
+    const auto [f0b, g0b] = step(false);
+    const auto [f1, g1] = step(true);
+    CHECK(at::equal(f0, f1));  // the forward has no atomics
+    for (const auto& [k, g] : g0) {
+      CAPTURE(k);
+      const double n = g.norm().item<double>();
+      const double spread = (g0b.at(k) - g).norm().item<double>(), d = (g1.at(k) - g).norm().item<double>();
+      CAPTURE(spread);
+      CAPTURE(d);
+      CHECK(d <= 2.0 * spread + 1e-6 * n);
+    }
   }
 }
 

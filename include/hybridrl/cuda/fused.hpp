@@ -70,6 +70,24 @@ inline void set_enabled(bool on) noexcept { detail::enabled_flag().store(on); }
 /// Whether the fused kernels are switched on.
 [[nodiscard]] inline bool enabled() noexcept { return detail::enabled_flag().load(); }
 
+/// Launches hybridrl's kernels with programmatic dependent launch (cuda::set_programmatic_launch;
+/// off unless HYBRIDRL_PDL=1). Without hybridrl::cuda there is nothing to launch: a no-op.
+inline void set_programmatic_launch(bool on) {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  cuda::set_programmatic_launch(on);
+#else
+  (void)on;
+#endif
+}
+/// Whether hybridrl's kernels are launched with programmatic dependent launch.
+[[nodiscard]] inline bool programmatic_launch() {
+#if defined(HYBRIDRL_HAS_CUDA_KERNELS)
+  return cuda::programmatic_launch();
+#else
+  return false;
+#endif
+}
+
 /// Whether the kernels can run on `t`: CUDA, linked with hybridrl::cuda, no autograd recording,
 /// switched on, a float / half / bfloat16 dtype.
 [[nodiscard]] inline bool applies(const at::Tensor& t) {

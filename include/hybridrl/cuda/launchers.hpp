@@ -145,4 +145,12 @@ int launch_token_log_prob_backward(const void* logits, int64_t rows, int64_t voc
 /// Free and total memory of the current CUDA device (cudaMemGetInfo); returns its cudaError_t as int.
 int device_memory(std::size_t* free_bytes, std::size_t* total_bytes);
 
+/// Programmatic dependent launch (PDL, Hopper and later) of every kernel above: each may be
+/// scheduled while the kernel before it on the stream finishes, and waits for it before its first
+/// instruction (src/cuda/launch.cuh) — the launch gaps of a decode step's ~10 kernels a layer
+/// overlap. Off unless the environment says HYBRIDRL_PDL=1; a CUDA graph records it at capture.
+void set_programmatic_launch(bool on);
+/// Whether programmatic dependent launch is on (it takes effect on devices of compute capability 9+).
+bool programmatic_launch();
+
 }  // namespace hybridrl::cuda
