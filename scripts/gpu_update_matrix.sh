@@ -5,8 +5,12 @@
 # attention (HYBRIDRL_CUDNN_ATTENTION=0, "flash") and with a cast of each unit at every gather
 # (BENCH_KEEP_PARAM_COPY=0, "nokeep"), then bench/peers/update_peer.py and 3 GRPO steps of each
 # model in GRPO_MODELS (default 160m) — each step skipped when DEADLINE (seconds from the start,
-# default 540) would not allow it. SUITES (default cuda|model|sharding) picks the CUDA suites.
+# default 540) would not allow it. SUITES (default cuda|model|sharding) picks the CUDA suites;
+# DECODE_MODELS (default none) first times `bench_rollout generate <m> 256` (Paged) with plain
+# launches and with programmatic dependent launch (HYBRIDRL_PDL=1), one process each;
+# UPDATE_MODELS (default "160m 1b") the update's models ("" skips the update and its peer).
 #   DEADLINE=540 bash scripts/gpu_update_matrix.sh       # logs in $OUT/logs.tgz
+#   DEADLINE=540 DECODE_MODELS='160m 1b' UPDATE_MODELS= GRPO_MODELS='160m 1b' bash scripts/gpu_update_matrix.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 OUT=${OUT:-$PWD/gpu-logs}
@@ -20,6 +24,7 @@ fits() { (($(left) > $1)); }
 SUITES=${SUITES:-cuda|model|sharding}
 targets=()
 for s in ${SUITES//|/ }; do targets+=("${s}_tests"); done
+[[ -n "${DECODE_MODELS:-}" ]] && targets+=(bench_rollout)
 OUT=$L CTEST_ARGS="-R ^($SUITES)\$" timeout $((D - 20)) bash scripts/gpu_check.sh "${targets[@]}" bench_train 2>&1 | tail -7
 grep -E "FAILED|ERROR|failed|refused|MESSAGE" "$L/ctest.log" | head -24 | cut -c1-300
 update() {  # model, switch
@@ -35,13 +40,24 @@ for l in sys.stdin:
     print({k: d.get(k) for k in ("step_s", "mfu", "forward_backward_s", "optimizer_s", "step_synced_s", "peak_gb")})' ||
     tail -3 "$L/update-$1-$2.txt" | cut -c1-300
 }
-update 160m base; update 1b base; update 160m flash; update 1b flash
-if fits 75; then
+decode() {  # model, switch
+  local env=(BENCH_GENERATE_ENGINES=paged)
+  [[ $2 == pdl ]] && env+=(HYBRIDRL_PDL=1)
+  fits 60 || { el "skipped: decode $1 $2"; return; }
+  el "decode $1 $2"
+  env "${env[@]}" timeout 60 build-gpu/bench/bench_rollout generate "$1" 256 > "$L/decode-$1-$2.txt" 2>&1
+  grep -E '"bench": "(generate|roofline)"' "$L/decode-$1-$2.txt" | cut -c1-400 || tail -3 "$L/decode-$1-$2.txt" | cut -c1-300
+}
+for m in ${DECODE_MODELS:-}; do decode "$m" plain; decode "$m" pdl; done
+UPDATE_MODELS=${UPDATE_MODELS-160m 1b}
+for m in $UPDATE_MODELS; do update "$m" base; done
+for m in $UPDATE_MODELS; do update "$m" flash; done
+if [[ -n "$UPDATE_MODELS" ]] && fits 75; then
   el peer
-  timeout 70 python3 bench/peers/update_peer.py 160m 1b > "$L/peer.txt" 2>&1
+  timeout 70 python3 bench/peers/update_peer.py $UPDATE_MODELS > "$L/peer.txt" 2>&1
   echo "peer rc=$?"; grep -v "^$" "$L/peer.txt" | tail -2 | cut -c1-400
 fi
-update 160m nokeep; update 1b nokeep
+for m in $UPDATE_MODELS; do update "$m" nokeep; done
 grpo() {  # model, seconds it needs
   fits "$2" || { el "skipped: grpo $1"; return; }
   el "grpo $1"
