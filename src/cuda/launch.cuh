@@ -37,12 +37,20 @@ inline std::atomic<int>& programmatic_launch_flag() {
   return on;
 }
 
-/// Whether the current device takes programmatic launches (compute capability 9.0 or later).
+/// Whether the current device takes programmatic launches (compute capability 9.0 or later),
+/// asked of the driver once per device.
 inline bool device_takes_programmatic_launch() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-  return major >= 9;
+  constexpr int kDevices = 64;
+  static std::atomic<int> known[kDevices] = {};  // 0 not asked yet, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return false;
+  int v = known[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    v = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 2 : 1;
+    known[device].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
 }
 
 /// `kernel<<<grid, block, smem, stream>>>(args...)`, with the PDL attribute where it is on.
