@@ -10,6 +10,8 @@
 # launches and with programmatic dependent launch (HYBRIDRL_PDL=1), one process each;
 # UPDATE_MODELS (default "160m 1b") the update's models ("" skips the update and its peer).
 #   DEADLINE=540 bash scripts/gpu_update_matrix.sh       # logs in $OUT/logs.tgz
+# PROFILE_PDL=1 then profiles a GRPO step of 160m with plain and programmatic launches and prints
+# where its GPU waits (bench/support/trace_gaps.py).
 #   DEADLINE=540 DECODE_MODELS='160m 1b' UPDATE_MODELS= GRPO_MODELS='160m 1b' bash scripts/gpu_update_matrix.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
@@ -49,6 +51,15 @@ decode() {  # model, switch
   grep -E '"bench": "(generate|roofline)"' "$L/decode-$1-$2.txt" | cut -c1-400 || tail -3 "$L/decode-$1-$2.txt" | cut -c1-300
 }
 for m in ${DECODE_MODELS:-}; do decode "$m" plain; decode "$m" pdl; done
+profile_gaps() {  # switch: a GRPO step of 160m under the profiler, where its GPU waits (trace_gaps.py)
+  local env=()
+  [[ $1 == pdl ]] && env=(HYBRIDRL_PDL=1)
+  fits 90 || { el "skipped: profile $1"; return; }
+  el "profile grpo 160m $1"
+  env "${env[@]}" timeout 80 build-gpu/bench/bench_train profile grpo 160m "/tmp/grpo-$1.json" > "$L/profile-$1.txt" 2>&1
+  python3 bench/support/trace_gaps.py "/tmp/grpo-$1.json" --top 0 2>&1 | head -8 | cut -c1-300
+}
+if [[ -n "${PROFILE_PDL:-}" ]]; then profile_gaps plain; profile_gaps pdl; fi
 UPDATE_MODELS=${UPDATE_MODELS-160m 1b}
 for m in $UPDATE_MODELS; do update "$m" base; done
 for m in $UPDATE_MODELS; do update "$m" flash; done
