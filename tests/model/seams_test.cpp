@@ -290,3 +290,22 @@ TEST_SUITE("model/log_probs") {
     CHECK_THROWS_WITH_AS(KVCache::allocate(c, 0, 4, opts), doctest::Contains("batch = 0"), Error);
   }
 }
+
+TEST_SUITE("model/attention_backends") {
+  TEST_CASE("the cuDNN shape budget admits the first `limit` distinct shapes, always again, and no new one after") {
+    using hybridrl::detail::compat::ShapeBudget;
+    ShapeBudget b(2);
+    const ShapeBudget::Shape x{16, 1024, 12, 12, 64, 15, 1, 0}, y{8, 1024, 12, 12, 64, 15, 1, 0},
+        z{16, 1024, 12, 12, 64, 15, 0, 0};  // z: x without gradients, another plan
+    CHECK(b.admit(x));
+    CHECK(b.admit(x));
+    CHECK(b.admitted() == 1);
+    CHECK(b.admit(y));
+    CHECK_FALSE(b.admit(z));  // a third shape: FlashAttention-2
+    CHECK_FALSE(b.admit(z));
+    CHECK(b.admit(x));        // the admitted ones keep cuDNN
+    CHECK(b.admit(y));
+    CHECK(b.admitted() == 2);
+    CHECK(hybridrl::detail::compat::cudnn_shape_budget().limit() == 64);
+  }
+}

@@ -14,7 +14,8 @@
 ///   became per-device-type in LibTorch 2.4.
 /// - HYBRIDRL_HAS_VARLEN_FLASH / compat::varlen_flash_attention: FlashAttention-2's packed varlen
 ///   forward (at::_flash_attention_forward with cum_seq_q/k and a sliding window; LibTorch >= 2.6);
-///   compat::dense_cudnn_attention beside it: cuDNN's dense causal attention for rows of one length.
+///   compat::dense_cudnn_attention beside it: cuDNN's dense causal attention for rows of one length
+///   (at most 64 distinct shapes a process, compat::cudnn_shape_budget: a plan is built per shape).
 /// - HYBRIDRL_HAS_FUSED_ADAMW / compat::fused_adamw: the multi-tensor AdamW kernel and foreach ops
 ///   with tensor scalars (LibTorch >= 2.1), used on CUDA.
 /// - HYBRIDRL_HAS_FUSED_RMS_NORM / compat::fused_rms_norm: at::_fused_rms_norm with its backward
@@ -184,12 +185,50 @@ typename Map::key_type optimizer_state_key(const at::Tensor& p) {
 #define HYBRIDRL_HAS_VARLEN_FLASH 0
 #endif
 
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string_view>
 
 namespace hybridrl::detail::compat {
+
+/// The distinct attention shapes dense_cudnn_attention may send to cuDNN, at most `limit`: cuDNN
+/// builds an execution plan at each new shape (a GRPO run of 160m paid ~0.9 s over its first two
+/// steps, 2026-12-07), so a workload whose rows of one length keep taking new lengths (bucketed
+/// batches without padding) would pay it again and again. Past the limit a new shape takes
+/// FlashAttention-2; the admitted ones keep cuDNN. Thread-safe.
+class ShapeBudget {
+ public:
+  using Shape = std::array<int64_t, 8>;
+  explicit ShapeBudget(std::size_t limit) : limit_(limit) {}
+  /// Whether `shape` may go to cuDNN: admitted before, or new while fewer than `limit` are.
+  [[nodiscard]] bool admit(const Shape& shape) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (admitted_.count(shape) != 0) return true;
+    if (admitted_.size() >= limit_) return false;
+    admitted_.insert(shape);
+    return true;
+  }
+  [[nodiscard]] std::size_t admitted() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return admitted_.size();
+  }
+  [[nodiscard]] std::size_t limit() const noexcept { return limit_; }
+
+ private:
+  std::size_t limit_;
+  mutable std::mutex mutex_;
+  std::set<Shape> admitted_;
+};
+/// The process's budget of cuDNN attention shapes (64).
+inline ShapeBudget& cudnn_shape_budget() {
+  static ShapeBudget budget(64);
+  return budget;
+}
 
 #if HYBRIDRL_HAS_VARLEN_FLASH
 /// Causal attention of packed queries `q` [Tq, H, D] over packed keys/values [Tk, Hkv, D] (CUDA,
@@ -237,13 +276,17 @@ inline at::Tensor dense_cudnn_attention(const at::Tensor& q, const at::Tensor& k
     return {};
   }
   const auto N = q.size(0), H = q.size(1), D = q.size(2), Hkv = k.size(1), L = N / rows;
+  const bool grad = q.requires_grad() || k.requires_grad() || v.requires_grad();
+  if (!cudnn_shape_budget().admit({rows, L, H, Hkv, D, static_cast<int64_t>(q.scalar_type()), grad ? 1 : 0,
+                                   static_cast<int64_t>(q.device().index())})) {
+    return {};  // a shape past the budget: no new plan (FlashAttention-2 serves it)
+  }
   auto qd = q.view({rows, L, H, D}).transpose(1, 2);
   auto kd = k.view({rows, L, Hkv, D}).transpose(1, 2);
   auto vd = v.view({rows, L, Hkv, D}).transpose(1, 2);
   try {
     auto res = at::_scaled_dot_product_cudnn_attention(qd, kd, vd, /*attn_bias=*/std::nullopt,
-                                                       /*compute_log_sumexp=*/q.requires_grad() || k.requires_grad() ||
-                                                           v.requires_grad(),
+                                                       /*compute_log_sumexp=*/grad,
                                                        /*dropout_p=*/0.0, /*is_causal=*/true,
                                                        /*return_debug_mask=*/false, scale);
     return std::get<0>(res).transpose(1, 2).reshape({N, H, D});
