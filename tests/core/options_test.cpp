@@ -12,9 +12,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -378,8 +381,31 @@ inner:
     CHECK(contains(e, "unknown configuration key rolout.block_size (from environment variable HYBRIDRL_ROLOUT__BLOCK_SIZE); did you mean rollout.block_size?"));
     // the library's own switches are not keys (HYBRIDRL_FAULT was "unknown configuration key fault")
     ConfigSources switches;
-    switches.environment = {{"HYBRIDRL_FAULT", "kill:model.safetensors"}, {"HYBRIDRL_FUSED_KERNELS", "0"}};
+    switches.environment = {{"HYBRIDRL_FAULT", "kill:model.safetensors"},
+                            {"HYBRIDRL_FUSED_KERNELS", "0"},
+                            {"HYBRIDRL_CUDNN_ATTENTION", "0"},
+                            {"HYBRIDRL_PDL", "1"}};
     CHECK(error_of([&] { (void)configure(PagedTrainer::Options{}, switches); }) == "(no error)");
+    // ... and every switch the library reads is one of them (HYBRIDRL_CUDNN_ATTENTION was not)
+    {
+      namespace fs = std::filesystem;
+      const fs::path root = fs::path(HYBRIDRL_FIXTURES_DIR) / ".." / "..";
+      const std::regex read_switch(R"re(getenv\("(HYBRIDRL_[A-Z0-9_]+)"\))re");
+      std::vector<std::string> found;
+      for (const auto* dir : {"include/hybridrl", "src/cuda", "apps"}) {
+        for (const auto& entry : fs::recursive_directory_iterator(root / dir)) {
+          if (!entry.is_regular_file()) continue;
+          std::ifstream in(entry.path());
+          const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+          for (std::sregex_iterator it(text.begin(), text.end(), read_switch), end; it != end; ++it) found.push_back((*it)[1]);
+        }
+      }
+      CHECK(found.size() >= 4);
+      for (const auto& name : found) {
+        CAPTURE(name);
+        CHECK(std::find(process_variables.begin(), process_variables.end(), name) != process_variables.end());
+      }
+    }
 
     // the real process environment
     ::setenv("HYBRIDRL_TESTOPT_ROLLOUT__CUDA_GRAPHS", "false", 1);

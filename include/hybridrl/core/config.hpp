@@ -680,8 +680,11 @@ void apply_overrides(O& o, const std::vector<std::string>& overrides,
 }
 
 /// The library's own switches, read where they act and not configuration keys: fault injection
-/// (io/fault.hpp) and the fused CUDA kernels (cuda/fused.hpp).
-inline constexpr std::array<std::string_view, 2> process_variables{"HYBRIDRL_FAULT", "HYBRIDRL_FUSED_KERNELS"};
+/// (io/fault.hpp), the fused CUDA kernels (cuda/fused.hpp), cuDNN's dense attention
+/// (detail/compat.hpp) and programmatic dependent launch (src/cuda/launch.cuh). A new
+/// `std::getenv("HYBRIDRL_...")` belongs here, or `hybridrl train` calls it an unknown key.
+inline constexpr std::array<std::string_view, 4> process_variables{"HYBRIDRL_FAULT", "HYBRIDRL_FUSED_KERNELS",
+                                                                   "HYBRIDRL_CUDNN_ATTENTION", "HYBRIDRL_PDL"};
 
 /// Applies environment overrides: each (NAME, value) with NAME starting with `prefix` sets the key
 /// env_key(NAME) (e.g. HYBRIDRL_ROLLOUT__SAMPLING__TEMPERATURE=0.7); an unknown key is an error.
